@@ -1,0 +1,90 @@
+"""Vectorized CSR builders shared by the generators (no dense n x n array anywhere).
+
+Every generator describes a head row by row as an arithmetic progression of
+columns, a prefix of a sorted column set, or a union of those; these helpers turn
+such descriptions into canonical boolean CSR (sorted, unique column indices).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = ["progression_csr", "prefix_csr", "from_row_lists", "union_csr", "csr"]
+
+
+def _index_dtype(n: int, nnz: int) -> type:
+    return np.int32 if max(n, nnz) < 2**31 - 1 else np.int64
+
+
+def csr(n: int, indptr: np.ndarray, indices: np.ndarray) -> sp.csr_matrix:
+    """Wrap canonical CSR arrays (sorted unique columns per row) as a bool matrix."""
+    dt = _index_dtype(n, int(indptr[-1]))
+    m = sp.csr_matrix(
+        (np.ones(indices.size, dtype=bool), indices.astype(dt, copy=False), indptr.astype(dt)),
+        shape=(n, n),
+    )
+    m.has_sorted_indices = True
+    return m
+
+
+def _offsets(counts: np.ndarray) -> np.ndarray:
+    indptr = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    return indptr
+
+
+def _ramp(counts: np.ndarray, indptr: np.ndarray) -> np.ndarray:
+    """0, 1, ..., counts[r]-1 for every row r, concatenated."""
+    total = int(indptr[-1])
+    return np.arange(total, dtype=np.int64) - np.repeat(indptr[:-1], counts)
+
+
+def progression_csr(
+    n: int, start: np.ndarray, count: np.ndarray, step: int | np.ndarray = 1
+) -> sp.csr_matrix:
+    """Row ``i`` holds columns ``start[i] + step * k`` for ``k in range(count[i])``.
+
+    ``step`` must be positive so columns come out sorted.
+    """
+    start = np.asarray(start, dtype=np.int64)
+    count = np.maximum(np.asarray(count, dtype=np.int64), 0)
+    indptr = _offsets(count)
+    k = _ramp(count, indptr)
+    step_arr = np.asarray(step, dtype=np.int64)
+    if step_arr.ndim:
+        step_arr = np.repeat(step_arr, count)
+    cols = np.repeat(start, count) + k * step_arr
+    return csr(n, indptr, cols)
+
+
+def prefix_csr(n: int, cols: np.ndarray, count: np.ndarray) -> sp.csr_matrix:
+    """Row ``i`` holds ``cols[:count[i]]`` (``cols`` sorted and unique)."""
+    cols = np.asarray(cols, dtype=np.int64)
+    count = np.asarray(count, dtype=np.int64)
+    indptr = _offsets(count)
+    return csr(n, indptr, cols[_ramp(count, indptr)])
+
+
+def from_row_lists(n: int, rows: list[np.ndarray]) -> sp.csr_matrix:
+    """Build from one sorted unique column array per row."""
+    count = np.array([r.size for r in rows], dtype=np.int64)
+    indptr = _offsets(count)
+    cols = np.concatenate(rows) if rows else np.empty(0, dtype=np.int64)
+    return csr(n, indptr, cols)
+
+
+def union_csr(*mats: sp.csr_matrix) -> sp.csr_matrix:
+    """Boolean union of CSR matrices of one shape, canonical."""
+    u = mats[0]
+    for m in mats[1:]:
+        u = u + m
+    u = sp.csr_matrix(u, dtype=bool)
+    u.sum_duplicates()
+    u.sort_indices()
+    return u
+
+
+def tril_counts(cols: np.ndarray, n: int) -> np.ndarray:
+    """For each row i, how many of the sorted ``cols`` are <= i."""
+    return np.searchsorted(cols, np.arange(n, dtype=np.int64), side="right")

@@ -1,0 +1,64 @@
+"""Axial (row and column) attention on a raster: the Sparse Transformer's image
+setting, where the stride equals the image width."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._validate import check_bool, check_int
+from ..pattern import Pattern
+from ._build import progression_csr
+from .local import raster
+from .registry import Param, register
+
+__all__ = ["axial2d"]
+
+
+@register(
+    "axial2d",
+    Param("height", int, None, "raster rows (default: sqrt(n))"),
+    Param("width", int, None, "raster columns (default: n / height)"),
+    Param("causal", bool, True, "keep only j <= i in raster order"),
+    description="row head and column head on a height x width raster",
+    reference="Child et al. 2019, arXiv:1904.10509 (images); Ho et al. 2019, arXiv:1912.12180",
+)
+def axial2d(
+    n: int, height: int | None = None, width: int | None = None, causal: bool = True
+) -> Pattern:
+    """Row head ``A1`` (same raster row) and column head ``A2`` (same column).
+
+    Parameters
+    ----------
+    n : int
+        ``height * width``.
+    height, width : int, optional
+        The raster (row-major); a square by default.
+    causal : bool
+        Raster-order causal (``j <= i``, default) or bidirectional.
+
+    Returns
+    -------
+    Pattern
+        Heads ``row`` and ``col``.
+
+    Examples
+    --------
+    >>> pat = axial2d(9)
+    >>> pat.heads[0][5].indices.tolist(), pat.heads[1][5].indices.tolist()
+    ([3, 4, 5], [2, 5])
+    """
+    n = check_int("n", n, 1)
+    h, w = raster(n, height, width)
+    causal = check_bool("causal", causal)
+
+    def build():
+        i = np.arange(n, dtype=np.int64)
+        rs = (i // w) * w
+        row = progression_csr(n, rs, (i - rs + 1) if causal else np.full(n, w))
+        col = progression_csr(n, i % w, (i // w + 1) if causal else np.full(n, h), w)
+        return [row, col]
+
+    return Pattern._deferred(
+        n, 2, build, name="axial2d", params={"height": h, "width": w, "causal": causal},
+        causal=causal, head_names=("row", "col"),
+    )

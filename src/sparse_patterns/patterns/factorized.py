@@ -1,0 +1,69 @@
+"""The p-dimensional factorization: strided attention generalized to p heads
+with ``l = ceil(n^(1/p))``, one base-l digit of the distance per head."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._validate import check_bool, check_int
+from ..pattern import Pattern
+from ._build import progression_csr
+from .registry import Param, register, root_of
+
+__all__ = ["factorized"]
+
+
+@register(
+    "factorized",
+    Param("p", int, 2, "number of heads (factorization order)"),
+    Param("causal", bool, True, "keep only j <= i"),
+    description="p heads, head m covers one base-l digit of i - j, l = ceil(n^(1/p))",
+    reference="Child et al. 2019, arXiv:1904.10509, sec. 4.1 (p-dimensional factorization)",
+)
+def factorized(n: int, p: int = 2, causal: bool = True) -> Pattern:
+    """Head ``m`` (1-based): ``{j <= i : (i - j) mod l^(m-1) == 0, i - j < l^m}``.
+
+    With ``l`` the smallest integer with ``l^p >= n``, every distance
+    ``0 <= i - j < n`` is a sum of one step from each head, so the pattern
+    connects in p steps; for ``p = 2`` it is ``strided(n, l, window="reference")``.
+    Bidirectional uses ``|i - j|``.
+
+    Parameters
+    ----------
+    n : int
+        Sequence length, ``>= 1``.
+    p : int
+        Number of heads, ``>= 1``.
+    causal : bool
+        Causal (default) or bidirectional.
+
+    Returns
+    -------
+    Pattern
+        Heads ``A1 .. Ap``.
+
+    Examples
+    --------
+    >>> pat = factorized(27, p=3)
+    >>> pat.heads[2][26].indices.tolist()  # l = 3: distances 0, 9, 18
+    [8, 17, 26]
+    """
+    n = check_int("n", n, 1)
+    p = check_int("p", p, 1, 64)
+    causal = check_bool("causal", causal)
+    l = root_of(n, p)
+
+    def build():
+        i = np.arange(n, dtype=np.int64)
+        heads = []
+        for m in range(1, p + 1):
+            step = l ** (m - 1)
+            back = np.minimum(l - 1, i // step)
+            fwd = np.zeros(n, dtype=np.int64) if causal else np.minimum(l - 1, (n - 1 - i) // step)
+            heads.append(progression_csr(n, i - back * step, back + fwd + 1, step))
+        return heads
+
+    return Pattern._deferred(
+        n, p, build, name="factorized", params={"p": p, "causal": causal},
+        causal=causal,
+    )

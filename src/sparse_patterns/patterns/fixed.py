@@ -1,0 +1,142 @@
+"""The fixed pattern of the Sparse Transformer (Child et al. 2019, section 4.2).
+
+``A1_i = {j <= i : floor(j / l) == floor(i / l)}`` (the current block of l) and
+``A2_i = {j <= i : j mod l in [l - c, l)}`` (c summary positions at the end of
+every block). With ``summary_heads=k`` there is one A2 per distinct summary
+sub-block, head h (0-based) using ``[l - (h + 1) c, l - h c)``, as OpenAI's
+``num_verts`` and DeepSpeed's ``num_different_global_patterns``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._validate import check_bool, check_int
+from ..pattern import Pattern
+from ._blocks import block_bounds, layout_of
+from ._build import prefix_csr, progression_csr, tril_counts
+from .registry import Param, register
+
+__all__ = ["fixed", "summary_columns"]
+
+
+def summary_columns(n: int, stride: int, lo: int, hi: int) -> np.ndarray:
+    """Sorted columns ``j < n`` with ``j mod stride in [lo, hi)``."""
+    starts = np.arange(0, n, stride, dtype=np.int64)
+    cols = (starts[:, None] + np.arange(lo, hi, dtype=np.int64)[None, :]).ravel()
+    return cols[cols < n]
+
+
+def _chunk_blocks(n: int, block: int, stride: int, causal: bool):
+    lo, hi = block_bounds(n, block)
+    clo, chi = lo // stride, hi // stride  # chunk range of each block
+    overlap = (clo[:, None] <= chi[None, :]) & (clo[None, :] <= chi[:, None])
+    single = clo == chi
+    same = single[:, None] & single[None, :] & (clo[:, None] == clo[None, :])
+    if causal:
+        below = lo[:, None] >= hi[None, :]  # every j <= every i
+        lay = overlap & (hi[:, None] >= lo[None, :])
+        return lay, same & below
+    return overlap, same
+
+
+def _summary_blocks(n: int, block: int, stride: int, s_lo: int, s_hi: int, causal: bool):
+    lo, hi = block_bounds(n, block)
+    # first summary column >= lo of each block, and whether every column of the block is one
+    r = lo % stride
+    first = np.where(r < s_lo, lo - r + s_lo, np.where(r < s_hi, lo, lo - r + stride + s_lo))
+    has = first <= hi
+    all_sum = ((hi - lo) < stride) & (lo % stride >= s_lo) & (hi % stride < s_hi) & (
+        lo // stride == hi // stride
+    )
+    if causal:
+        lay = has[None, :] & (first[None, :] <= hi[:, None])
+        full = all_sum[None, :] & (hi[None, :] <= lo[:, None])
+    else:
+        lay = np.broadcast_to(has[None, :], (lo.size, lo.size))
+        full = np.broadcast_to(all_sum[None, :], (lo.size, lo.size))
+    return lay, full
+
+
+@register(
+    "fixed",
+    Param("stride", int, "sqrt", "l: block length (or 'sqrt')", follows_n=True),
+    Param("c", int, None, "summary positions per block (default: max(1, l // 8))"),
+    Param("summary_heads", int, 1, "number of distinct summary heads k (k * c <= l)"),
+    Param("causal", bool, True, "keep only j <= i"),
+    description="blocks of l plus c summary positions at the end of every block",
+    reference="Child et al. 2019, arXiv:1904.10509, sec. 4.2 (fixed)",
+)
+def fixed(
+    n: int, stride: int, c: int | None = None, summary_heads: int = 1, causal: bool = True
+) -> Pattern:
+    """Fixed attention: a block head ``A1`` and ``summary_heads`` summary heads.
+
+    Parameters
+    ----------
+    n : int
+        Sequence length, ``>= 1``.
+    stride : int
+        ``l``, the block length, ``>= 1``.
+    c : int, optional
+        Summary positions per block, in ``[1, l]``; default ``max(1, l // 8)``.
+    summary_heads : int
+        ``k >= 1`` distinct summary sub-blocks; ``k * c <= l``.
+    causal : bool
+        Causal (``j <= i``) or bidirectional.
+
+    Returns
+    -------
+    Pattern
+        Heads ``A1`` then ``A2`` (or ``A2.0 .. A2.{k-1}`` when ``k > 1``).
+
+    References
+    ----------
+    R. Child et al., arXiv:1904.10509, 2019, section 4.2.
+
+    Examples
+    --------
+    >>> pat = fixed(8, stride=4, c=1)
+    >>> pat.heads[0][6].indices.tolist(), pat.heads[1][6].indices.tolist()
+    ([4, 5, 6], [3])
+    >>> fixed(8, stride=4, c=1, summary_heads=2).heads[2][7].indices.tolist()
+    [2, 6]
+    """
+    n = check_int("n", n, 1)
+    stride = check_int("stride", stride, 1)
+    if c is None:
+        c = max(1, stride // 8)
+    c = check_int("c", c, 1, stride)
+    k = check_int("summary_heads", summary_heads, 1)
+    if k * c > stride:
+        raise ValueError(
+            f"summary_heads: k * c must be <= stride ({stride}); got k={k}, c={c} (k * c = {k * c})"
+        )
+    causal = check_bool("causal", causal)
+    params = {"stride": stride, "c": c, "summary_heads": k, "causal": causal}
+    ranges = [(stride - (h + 1) * c, stride - h * c) for h in range(k)]
+    names = ("A1", "A2") if k == 1 else ("A1", *(f"A2.{h}" for h in range(k)))
+
+    def build():
+        i = np.arange(n, dtype=np.int64)
+        s = (i // stride) * stride
+        if causal:
+            a1 = progression_csr(n, s, i - s + 1)
+        else:
+            a1 = progression_csr(n, s, np.minimum(s + stride, n) - s)
+        heads = [a1]
+        for lo, hi in ranges:
+            cols = summary_columns(n, stride, lo, hi)
+            cnt = tril_counts(cols, n) if causal else np.full(n, cols.size, dtype=np.int64)
+            heads.append(prefix_csr(n, cols, cnt))
+        return heads
+
+    def blocks(block: int):
+        hs = [_chunk_blocks(n, block, stride, causal)]
+        hs += [_summary_blocks(n, block, stride, lo, hi, causal) for lo, hi in ranges]
+        return layout_of(n, block, hs)
+
+    return Pattern._deferred(
+        n, k + 1, build, name="fixed", params=params, causal=causal, head_names=names,
+        blocks=blocks,
+    )

@@ -1,0 +1,56 @@
+"""Dense attention, the baseline every sparse pattern is measured against."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._validate import check_bool, check_int
+from ..pattern import Pattern
+from ._blocks import distance_band, layout_of
+from ._build import progression_csr
+from .registry import Param, register
+
+__all__ = ["full"]
+
+
+@register(
+    "full",
+    Param("causal", bool, True, "keep only j <= i"),
+    description="dense attention (causal lower triangle, or every pair)",
+    reference="Vaswani et al. 2017, arXiv:1706.03762",
+)
+def full(n: int, causal: bool = True) -> Pattern:
+    """Dense attention: ``A_i = {0 .. i}`` (causal) or ``{0 .. n-1}``.
+
+    Parameters
+    ----------
+    n : int
+        Sequence length, ``>= 1``.
+    causal : bool
+        Lower triangle (default) or every pair.
+
+    Returns
+    -------
+    Pattern
+        One head ``A``.
+
+    Examples
+    --------
+    >>> full(4).nnz, full(4, causal=False).nnz
+    (10, 16)
+    """
+    n = check_int("n", n, 1)
+    causal = check_bool("causal", causal)
+
+    def build():
+        i = np.arange(n, dtype=np.int64)
+        cnt = i + 1 if causal else np.full(n, n, dtype=np.int64)
+        return [progression_csr(n, np.zeros(n, dtype=np.int64), cnt)]
+
+    def blocks(block: int):
+        return layout_of(n, block, [distance_band(n, block, 0 if causal else -n, n)])
+
+    return Pattern._deferred(
+        n, 1, build, name="full", params={"causal": causal}, causal=causal, head_names=("A",),
+        blocks=blocks,
+    )

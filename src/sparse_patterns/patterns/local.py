@@ -1,0 +1,208 @@
+"""Local patterns: the 1D sliding window, its dilated form, and the Image
+Transformer's 2D local blocks on a raster."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._validate import check_bool, check_int
+from ..pattern import Pattern
+from ._blocks import distance_band, layout_of
+from ._build import from_row_lists, progression_csr
+from .registry import Param, register
+
+__all__ = ["local", "dilated", "local2d", "raster"]
+
+
+@register(
+    "local",
+    Param("window", int, "sqrt", "w: how far back (and forward, if bidirectional) i sees",
+          follows_n=True),
+    Param("causal", bool, True, "keep only j <= i"),
+    description="1D sliding window: A_i = {i-w .. i}",
+    reference="Liu et al. 2018 (local attention), arXiv:1801.10198",
+)
+def local(n: int, window: int, causal: bool = True) -> Pattern:
+    """Sliding window ``A_i = {max(0, i - w) .. i}`` (``|i - j| <= w`` if bidirectional).
+
+    This equals the window head A1 of ``strided(n, stride=w)``.
+
+    Parameters
+    ----------
+    n : int
+        Sequence length, ``>= 1``.
+    window : int
+        ``w >= 0``: the number of earlier positions each position sees.
+    causal : bool
+        Causal (default) or bidirectional.
+
+    Returns
+    -------
+    Pattern
+        One head ``A``.
+
+    Examples
+    --------
+    >>> local(6, window=2).heads[0][5].indices.tolist()
+    [3, 4, 5]
+    """
+    return _dilated(n, window, 1, causal, "local")
+
+
+@register(
+    "dilated",
+    Param("window", int, 8, "w: number of earlier positions seen (each side if bidirectional)"),
+    Param("dilation", int, 2, "d: gap between seen positions"),
+    Param("causal", bool, True, "keep only j <= i"),
+    description="dilated sliding window: A_i = {i - k d : 0 <= k <= w}",
+    reference="Beltagy et al. 2020 (Longformer), arXiv:2004.05150",
+)
+def dilated(n: int, window: int, dilation: int, causal: bool = True) -> Pattern:
+    """Dilated window ``A_i = {i - k d : 0 <= k <= w, i - k d >= 0}``.
+
+    Bidirectional adds ``i + k d`` for ``1 <= k <= w``. ``dilation=1`` is :func:`local`.
+
+    Parameters
+    ----------
+    n : int
+        Sequence length, ``>= 1``.
+    window : int
+        ``w >= 0`` positions on each side (besides ``i`` itself).
+    dilation : int
+        ``d >= 1``.
+    causal : bool
+        Causal (default) or bidirectional.
+
+    Returns
+    -------
+    Pattern
+        One head ``A``.
+
+    Examples
+    --------
+    >>> dilated(10, window=2, dilation=3).heads[0][9].indices.tolist()
+    [3, 6, 9]
+    """
+    return _dilated(n, window, dilation, causal, "dilated")
+
+
+def _dilated(n: int, window: int, dilation: int, causal: bool, _name: str) -> Pattern:
+    n = check_int("n", n, 1)
+    window = check_int("window", window, 0)
+    d = check_int("dilation", dilation, 1)
+    causal = check_bool("causal", causal)
+    params = {"window": window, "causal": causal}
+    if _name == "dilated":
+        params = {"window": window, "dilation": d, "causal": causal}
+
+    def build():
+        i = np.arange(n, dtype=np.int64)
+        back = np.minimum(window, i // d)
+        fwd = np.zeros(n, dtype=np.int64) if causal else np.minimum(window, (n - 1 - i) // d)
+        return [progression_csr(n, i - back * d, back + fwd + 1, d)]
+
+    blocks = None
+    if d == 1:
+        def blocks(block: int):
+            return layout_of(n, block, [distance_band(n, block, 0 if causal else -window, window)])
+
+    return Pattern._deferred(
+        n, 1, build, name=_name, params=params, causal=causal, head_names=("A",), blocks=blocks
+    )
+
+
+def raster(n: int, height: int | None, width: int | None) -> tuple[int, int]:
+    """Resolve an ``height x width`` raster for ``n`` positions (square by default)."""
+    if height is None and width is None:
+        r = int(round(n**0.5))
+        if r * r != n:
+            raise ValueError(
+                f"height: n={n} is not a square; give height and width with height * width == n"
+            )
+        return r, r
+    if height is None:
+        width = check_int("width", width, 1)
+        height = n // width
+    elif width is None:
+        height = check_int("height", height, 1)
+        width = n // height
+    height = check_int("height", height, 1)
+    width = check_int("width", width, 1)
+    if height * width != n:
+        raise ValueError(f"height: height * width must equal n={n}; got {height} x {width}")
+    return height, width
+
+
+@register(
+    "local2d",
+    Param("height", int, None, "raster rows (default: sqrt(n))"),
+    Param("width", int, None, "raster columns (default: n / height)"),
+    Param("query_block", int, 4, "side of the square query blocks"),
+    Param("memory", int, 4, "memory margin: rows above, columns left and right"),
+    Param("causal", bool, True, "keep only j <= i in raster order"),
+    description="Image Transformer 2D local: query blocks see a surrounding memory block",
+    reference="Parmar et al. 2018 (Image Transformer), arXiv:1802.05751",
+)
+def local2d(
+    n: int,
+    height: int | None = None,
+    width: int | None = None,
+    query_block: int = 4,
+    memory: int = 4,
+    causal: bool = True,
+) -> Pattern:
+    """2D local attention on a raster of ``height x width`` (row-major) positions.
+
+    The raster is cut into ``query_block x query_block`` query blocks. Every
+    position of a query block attends to its memory block: rows from ``memory``
+    above the query block to its last row, columns from ``memory`` left of it to
+    ``memory`` right of it (and ``memory`` rows below too, if bidirectional);
+    causal keeps the positions before ``i`` in raster order.
+
+    Parameters
+    ----------
+    n : int
+        ``height * width``.
+    height, width : int, optional
+        The raster; a square by default.
+    query_block : int
+        Side of the query blocks, ``>= 1``.
+    memory : int
+        Margin of the memory block, ``>= 0``.
+    causal : bool
+        Raster-order causal (default) or bidirectional.
+
+    Returns
+    -------
+    Pattern
+        One head ``A``.
+
+    Examples
+    --------
+    >>> pat = local2d(16, query_block=2, memory=1)
+    >>> pat.heads[0][10].indices.tolist()  # (row 2, col 2): rows 1-2, cols 1-3, j <= 10
+    [5, 6, 7, 9, 10]
+    """
+    n = check_int("n", n, 1)
+    h, w = raster(n, height, width)
+    q = check_int("query_block", query_block, 1)
+    m = check_int("memory", memory, 0)
+    causal = check_bool("causal", causal)
+    params = {"height": h, "width": w, "query_block": q, "memory": m, "causal": causal}
+
+    def build():
+        rows = []
+        for i in range(n):
+            r, c = divmod(i, w)
+            r0, c0 = (r // q) * q, (c // q) * q
+            rr = np.arange(max(0, r0 - m), min(h, r0 + q + (0 if causal else m)), dtype=np.int64)
+            cc = np.arange(max(0, c0 - m), min(w, c0 + q + m), dtype=np.int64)
+            cols = (rr[:, None] * w + cc[None, :]).ravel()
+            if causal:
+                cols = cols[cols <= i]
+            rows.append(cols)
+        return [from_row_lists(n, rows)]
+
+    return Pattern._deferred(
+        n, 1, build, name="local2d", params=params, causal=causal, head_names=("A",)
+    )

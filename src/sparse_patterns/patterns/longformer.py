@@ -1,0 +1,84 @@
+"""Longformer: a (dilated) sliding window plus global tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._validate import check_bool, check_int
+from ..pattern import Pattern
+from ._build import progression_csr
+from .local import dilated
+from .registry import Param, register
+
+__all__ = ["longformer"]
+
+
+@register(
+    "longformer",
+    Param("window", int, 8, "w: positions seen on each side (before i, if causal)"),
+    Param("global_tokens", int, 1, "g: the first g positions are global"),
+    Param("dilation", int, 1, "d: gap in the window"),
+    Param("causal", bool, True, "keep only j <= i"),
+    description="sliding (dilated) window plus g global tokens (two heads)",
+    reference="Beltagy et al. 2020, arXiv:2004.05150",
+)
+def longformer(
+    n: int, window: int = 8, global_tokens: int = 1, dilation: int = 1, causal: bool = True
+) -> Pattern:
+    """Longformer attention: head ``window`` and head ``global``.
+
+    The window head is ``dilated(n, window, dilation)``. In the global head the
+    first ``g`` positions attend to every position (every earlier one, if
+    causal) and every position attends to them.
+
+    Parameters
+    ----------
+    n : int
+        Sequence length, ``>= 1``.
+    window : int
+        ``w >= 0``.
+    global_tokens : int
+        ``g`` in ``[0, n]``.
+    dilation : int
+        ``d >= 1``.
+    causal : bool
+        Causal (default) or bidirectional.
+
+    Returns
+    -------
+    Pattern
+        Heads ``window`` and ``global``.
+
+    References
+    ----------
+    I. Beltagy, M. E. Peters, A. Cohan, "Longformer: The Long-Document
+    Transformer", arXiv:2004.05150, 2020.
+
+    Examples
+    --------
+    >>> pat = longformer(8, window=1, global_tokens=2)
+    >>> pat.union()[7].indices.tolist()
+    [0, 1, 6, 7]
+    """
+    n = check_int("n", n, 1)
+    window = check_int("window", window, 0)
+    g = check_int("global_tokens", global_tokens, 0, n)
+    d = check_int("dilation", dilation, 1)
+    causal = check_bool("causal", causal)
+    params = {"window": window, "global_tokens": g, "dilation": d, "causal": causal}
+    win = dilated(n, window, d, causal)
+
+    def build():
+        i = np.arange(n, dtype=np.int64)
+        if causal:
+            cnt = np.where(i < g, i + 1, min(g, n))
+            cnt = np.minimum(cnt, i + 1)
+        else:
+            cnt = np.where(i < g, n, g)
+        glob = progression_csr(n, np.zeros(n, dtype=np.int64), cnt)
+        return [win.heads[0], glob]
+
+    return Pattern._deferred(
+        n, 2, build, name="longformer", params=params, causal=causal,
+        head_names=("window", "global"),
+    )

@@ -1,0 +1,97 @@
+"""The strided pattern of the Sparse Transformer (Child et al. 2019, section 4.2).
+
+Two heads: ``A1_i = {max(0, i - l) .. i}`` (the previous l positions and i, as in
+the paper; ``window="reference"`` keeps l positions ``i - l + 1 .. i`` as
+OpenAI's code does) and ``A2_i = {j <= i : (i - j) mod l == 0}``. The union is the
+same under both windows. Bidirectional: ``|i - j| <= l`` and ``(i - j) mod l == 0``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._validate import check_bool, check_choice, check_int
+from ..pattern import Pattern
+from ._blocks import distance_band, distance_multiple, layout_of
+from ._build import progression_csr
+from .registry import Param, register
+
+__all__ = ["strided"]
+
+
+def _window_width(stride: int, window: str) -> int:
+    return stride if window == "paper" else stride - 1
+
+
+@register(
+    "strided",
+    Param("stride", int, "sqrt", "l: window length and stride (or 'sqrt')", follows_n=True),
+    Param("window", str, "paper", "A1 window: 'paper' (l+1 positions) or 'reference' (l)",
+          choices=("paper", "reference")),
+    Param("causal", bool, True, "keep only j <= i"),
+    description="local window of l plus every l-th earlier position (two heads)",
+    reference="Child et al. 2019, arXiv:1904.10509, sec. 4.2 (strided)",
+)
+def strided(n: int, stride: int, window: str = "paper", causal: bool = True) -> Pattern:
+    """Strided attention: a window head ``A1`` and a stride head ``A2``.
+
+    Parameters
+    ----------
+    n : int
+        Sequence length, ``>= 1``.
+    stride : int
+        ``l``, ``>= 1``; the paper uses ``l ~ sqrt(n)``.
+    window : {"paper", "reference"}
+        ``"paper"``: ``A1_i = {max(0, i-l) .. i}``; ``"reference"``: ``{i-l+1 .. i}``.
+    causal : bool
+        Causal (``j <= i``) or bidirectional.
+
+    Returns
+    -------
+    Pattern
+        Two heads named ``A1`` (window) and ``A2`` (stride).
+
+    References
+    ----------
+    R. Child, S. Gray, A. Radford, I. Sutskever, "Generating Long Sequences with
+    Sparse Transformers", arXiv:1904.10509, 2019.
+
+    Examples
+    --------
+    >>> pat = strided(8, stride=3)
+    >>> pat.heads[0][7].indices.tolist(), pat.heads[1][7].indices.tolist()
+    ([4, 5, 6, 7], [1, 4, 7])
+    >>> strided(8, stride=3, window="reference").heads[0][7].indices.tolist()
+    [5, 6, 7]
+    """
+    n = check_int("n", n, 1)
+    stride = check_int("stride", stride, 1)
+    window = check_choice("window", window, ("paper", "reference"))
+    causal = check_bool("causal", causal)
+    w = _window_width(stride, window)
+    params = {"stride": stride, "window": window, "causal": causal}
+
+    def build():
+        i = np.arange(n, dtype=np.int64)
+        if causal:
+            s1 = np.maximum(0, i - w)
+            a1 = progression_csr(n, s1, i - s1 + 1)
+            a2 = progression_csr(n, i % stride, i // stride + 1, stride)
+        else:
+            s1 = np.maximum(0, i - w)
+            a1 = progression_csr(n, s1, np.minimum(n - 1, i + w) - s1 + 1)
+            s2 = i % stride
+            a2 = progression_csr(n, s2, (n - 1 - s2) // stride + 1, stride)
+        return [a1, a2]
+
+    def blocks(block: int):
+        if causal:
+            h1 = distance_band(n, block, 0, w)
+        else:
+            h1 = distance_band(n, block, -w, w)
+        return layout_of(n, block, [h1, distance_multiple(n, block, stride, causal)])
+
+    return Pattern._deferred(
+        n, 2, build, name="strided", params=params, causal=causal, head_names=("A1", "A2"),
+        blocks=blocks,
+    )
