@@ -363,7 +363,7 @@ class Pattern:
             return False
         return all(
             np.array_equal(a.indptr, b.indptr) and np.array_equal(a.indices, b.indices)
-            for a, b in zip(self.heads, other.heads)
+            for a, b in zip(self.heads, other.heads, strict=True)
         )
 
     __hash__ = None  # type: ignore[assignment]

@@ -61,7 +61,7 @@ def budgets(pattern: Pattern, p: int | None = None) -> list[HeadBudget]:
     counts = pattern.row_counts()  # (p_heads + 1, n)
     names = [*pattern.head_names, "union"]
     out = []
-    for name, row in zip(names, counts):
+    for name, row in zip(names, counts, strict=True):
         nnz = int(row.sum())
         out.append(
             HeadBudget(
