@@ -37,12 +37,11 @@ def distance_band(n: int, block: int, dlo: int, dhi: int) -> tuple[np.ndarray, n
 def distance_multiple(n: int, block: int, step: int, causal: bool) -> tuple[np.ndarray, np.ndarray]:
     """Tiles of ``{(i, j) : (i - j) mod step == 0}`` (and ``i >= j`` when causal)."""
     dmin, dmax = _distances(n, block)
-    if causal:
-        dmin = np.maximum(dmin, 0)
-    lay = (dmax >= dmin) & (np.floor_divide(dmax, step) * step >= dmin)
-    full = lay & (step == 1)
-    if causal:
-        full &= _distances(n, block)[0] >= 0
+    lo = np.maximum(dmin, 0) if causal else dmin
+    lay = (dmax >= lo) & (np.floor_divide(dmax, step) * step >= lo)
+    # full: every distance of the tile is a multiple of step (and >= 0 if causal)
+    every = (step == 1) | ((dmin == dmax) & (dmin % step == 0))
+    full = lay & every & ((dmin >= 0) if causal else True)
     return lay, full
 
 

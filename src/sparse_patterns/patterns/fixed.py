@@ -46,8 +46,8 @@ def _summary_blocks(n: int, block: int, stride: int, s_lo: int, s_hi: int, causa
     r = lo % stride
     first = np.where(r < s_lo, lo - r + s_lo, np.where(r < s_hi, lo, lo - r + stride + s_lo))
     has = first <= hi
-    all_sum = ((hi - lo) < stride) & (lo % stride >= s_lo) & (hi % stride < s_hi) & (
-        lo // stride == hi // stride
+    all_sum = (s_hi - s_lo == stride) | (
+        (lo % stride >= s_lo) & (hi % stride < s_hi) & (lo // stride == hi // stride)
     )
     if causal:
         lay = has[None, :] & (first[None, :] <= hi[:, None])
