@@ -24,7 +24,7 @@ def csr(n: int, indptr: np.ndarray, indices: np.ndarray) -> sp.csr_matrix:
         (np.ones(indices.size, dtype=bool), indices.astype(dt, copy=False), indptr.astype(dt)),
         shape=(n, n),
     )
-    m.has_sorted_indices = True
+    m.has_canonical_format = True  # the builders emit sorted unique columns
     return m
 
 
@@ -34,10 +34,33 @@ def _offsets(counts: np.ndarray) -> np.ndarray:
     return indptr
 
 
-def _ramp(counts: np.ndarray, indptr: np.ndarray) -> np.ndarray:
-    """0, 1, ..., counts[r]-1 for every row r, concatenated."""
-    total = int(indptr[-1])
-    return np.arange(total, dtype=np.int64) - np.repeat(indptr[:-1], counts)
+_KERNELS: dict = {}
+
+
+def _kernels() -> dict:
+    """Compile (once, cached on disk) the two fill loops; numba is imported lazily."""
+    if not _KERNELS:
+        from numba import njit  # noqa: PLC0415
+
+        @njit(cache=True, nogil=True)
+        def fill_progression(start, count, step, indptr, out):  # pragma: no cover - numba
+            for r in range(count.size):
+                base = indptr[r]
+                s = start[r]
+                st = step[r] if step.size > 1 else step[0]
+                for k in range(count[r]):
+                    out[base + k] = s + k * st
+
+        @njit(cache=True, nogil=True)
+        def fill_prefix(cols, count, indptr, out):  # pragma: no cover - numba
+            for r in range(count.size):
+                base = indptr[r]
+                for k in range(count[r]):
+                    out[base + k] = cols[k]
+
+        _KERNELS["progression"] = fill_progression
+        _KERNELS["prefix"] = fill_prefix
+    return _KERNELS
 
 
 def progression_csr(
@@ -47,23 +70,23 @@ def progression_csr(
 
     ``step`` must be positive so columns come out sorted.
     """
-    start = np.asarray(start, dtype=np.int64)
+    start = np.ascontiguousarray(start, dtype=np.int64)
     count = np.maximum(np.asarray(count, dtype=np.int64), 0)
     indptr = _offsets(count)
-    k = _ramp(count, indptr)
-    step_arr = np.asarray(step, dtype=np.int64)
-    if step_arr.ndim:
-        step_arr = np.repeat(step_arr, count)
-    cols = np.repeat(start, count) + k * step_arr
-    return csr(n, indptr, cols)
+    step_arr = np.atleast_1d(np.asarray(step, dtype=np.int64))
+    out = np.empty(int(indptr[-1]), dtype=_index_dtype(n, int(indptr[-1])))
+    _kernels()["progression"](start, count, step_arr, indptr, out)
+    return csr(n, indptr, out)
 
 
 def prefix_csr(n: int, cols: np.ndarray, count: np.ndarray) -> sp.csr_matrix:
     """Row ``i`` holds ``cols[:count[i]]`` (``cols`` sorted and unique)."""
-    cols = np.asarray(cols, dtype=np.int64)
+    cols = np.ascontiguousarray(cols, dtype=np.int64)
     count = np.asarray(count, dtype=np.int64)
     indptr = _offsets(count)
-    return csr(n, indptr, cols[_ramp(count, indptr)])
+    out = np.empty(int(indptr[-1]), dtype=_index_dtype(n, int(indptr[-1])))
+    _kernels()["prefix"](cols, count, indptr, out)
+    return csr(n, indptr, out)
 
 
 def from_row_lists(n: int, rows: list[np.ndarray]) -> sp.csr_matrix:
