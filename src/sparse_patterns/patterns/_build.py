@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["progression_csr", "prefix_csr", "from_row_lists", "union_csr", "csr"]
+__all__ = ["progression_csr", "prefix_csr", "local2d_csr", "from_row_lists", "union_csr", "csr"]
 
 
 def _index_dtype(n: int, nnz: int) -> type:
@@ -58,6 +58,27 @@ def _kernels() -> dict:
                 for k in range(count[r]):
                     out[base + k] = cols[k]
 
+        @njit(cache=True, nogil=True)
+        def fill_local2d(h, w, q, m, causal, indptr, out):  # pragma: no cover - numba
+            # two passes: with out.size == 0 only count (into indptr[1:]), else fill
+            n = h * w
+            for i in range(n):
+                r, c = i // w, i % w
+                r0, c0 = (r // q) * q, (c // q) * q
+                r_end = min(h, r0 + q + (0 if causal else m))
+                k = 0
+                for rr in range(max(0, r0 - m), r_end):
+                    for cc in range(max(0, c0 - m), min(w, c0 + q + m)):
+                        j = rr * w + cc
+                        if causal and j > i:
+                            break
+                        if out.size:
+                            out[indptr[i] + k] = j
+                        k += 1
+                if not out.size:
+                    indptr[i + 1] = k
+
+        _KERNELS["local2d"] = fill_local2d
         _KERNELS["progression"] = fill_progression
         _KERNELS["prefix"] = fill_prefix
     return _KERNELS
@@ -86,6 +107,19 @@ def prefix_csr(n: int, cols: np.ndarray, count: np.ndarray) -> sp.csr_matrix:
     indptr = _offsets(count)
     out = np.empty(int(indptr[-1]), dtype=_index_dtype(n, int(indptr[-1])))
     _kernels()["prefix"](cols, count, indptr, out)
+    return csr(n, indptr, out)
+
+
+def local2d_csr(h: int, w: int, q: int, m: int, causal: bool) -> sp.csr_matrix:
+    """The Image Transformer's 2D local pattern on an ``h x w`` raster (see ``local2d``)."""
+    n = h * w
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    fill = _kernels()["local2d"]
+    fill(h, w, q, m, causal, indptr, np.empty(0, dtype=np.int64))
+    np.cumsum(indptr, out=indptr)
+    out = np.empty(int(indptr[-1]), dtype=_index_dtype(n, int(indptr[-1])))
+    if out.size:
+        fill(h, w, q, m, causal, indptr, out)
     return csr(n, indptr, out)
 
 

@@ -8,7 +8,7 @@ import numpy as np
 from .._validate import check_bool, check_int
 from ..pattern import Pattern
 from ._blocks import distance_band, layout_of
-from ._build import from_row_lists, progression_csr
+from ._build import local2d_csr, progression_csr
 from .registry import Param, register
 
 __all__ = ["local", "dilated", "local2d", "raster"]
@@ -191,17 +191,7 @@ def local2d(
     params = {"height": h, "width": w, "query_block": q, "memory": m, "causal": causal}
 
     def build():
-        rows = []
-        for i in range(n):
-            r, c = divmod(i, w)
-            r0, c0 = (r // q) * q, (c // q) * q
-            rr = np.arange(max(0, r0 - m), min(h, r0 + q + (0 if causal else m)), dtype=np.int64)
-            cc = np.arange(max(0, c0 - m), min(w, c0 + q + m), dtype=np.int64)
-            cols = (rr[:, None] * w + cc[None, :]).ravel()
-            if causal:
-                cols = cols[cols <= i]
-            rows.append(cols)
-        return [from_row_lists(n, rows)]
+        return [local2d_csr(h, w, q, m, causal)]
 
     return Pattern._deferred(
         n, 1, build, name="local2d", params=params, causal=causal, head_names=("A",)
