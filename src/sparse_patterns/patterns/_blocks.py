@@ -25,6 +25,8 @@ def block_bounds(n: int, block: int) -> tuple[np.ndarray, np.ndarray]:
 def _distances(n: int, block: int) -> tuple[np.ndarray, np.ndarray]:
     """Smallest and largest ``i - j`` over each tile: two int64 (nb, nb) arrays."""
     lo, hi = block_bounds(n, block)
+    if n < 2**30:  # halve the memory traffic of the (nb, nb) arrays
+        lo, hi = lo.astype(np.int32), hi.astype(np.int32)
     return lo[:, None] - hi[None, :], hi[:, None] - lo[None, :]
 
 
