@@ -1,0 +1,238 @@
+"""The connectivity matrix of a pattern (the upper row of the paper's Figure 3).
+
+Rows are outputs (queries) ``i``, columns inputs (keys) ``j``. Up to
+:data:`TOKEN_LIMIT` positions every cell is drawn in the colour of the heads that
+attend it; above that the figure shows block densities, computed row block by
+row block from the CSR so that no ``n x n`` array is ever built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from .._validate import check_int
+from ..pattern import Pattern
+from ._style import (
+    BACKGROUND,
+    _rgb,
+    cell_grid,
+    combo_color,
+    combo_label,
+    head_color,
+    legend_handles,
+    legend_kwargs,
+    new_axes,
+    paint,
+    select_heads,
+)
+
+__all__ = ["plot_pattern", "block_density", "TOKEN_LIMIT", "auto_block"]
+
+#: Largest n drawn cell by cell; longer sequences are drawn as block densities.
+TOKEN_LIMIT = 2048
+#: Entries handled at once when counting pairs per block (bounds the scratch memory).
+_CHUNK = 1 << 22
+
+
+def auto_block(n: int, target: int = 256) -> int:
+    """Block size of the density view: the smallest power of two with ``ceil(n / b) <= target``.
+
+    Examples
+    --------
+    >>> auto_block(65536), auto_block(4096), auto_block(100)
+    (256, 16, 1)
+    """
+    n = check_int("n", n, 1)
+    b = 1
+    while -(-n // b) > target:
+        b *= 2
+    return b
+
+
+def _head_block_counts(m: sp.csr_matrix, block: int, nb: int) -> np.ndarray:
+    """Set pairs per (row block, column block) of one head, ``int64 (nb, nb)``, in chunks."""
+    n = m.shape[0]
+    out = np.zeros((nb, nb), dtype=np.int64)
+    indptr = m.indptr
+    for bi in range(nb):
+        r0, r1 = bi * block, min((bi + 1) * block, n)
+        r = r0
+        while r < r1:
+            # as many rows as fit in one chunk (at least one)
+            stop = int(np.searchsorted(indptr, indptr[r] + _CHUNK, side="right")) - 1
+            stop = min(max(stop, r + 1), r1)
+            seg = m.indices[indptr[r] : indptr[stop]]
+            if seg.size:
+                out[bi] += np.bincount(seg // block, minlength=nb)
+            r = stop
+    return out
+
+
+def block_density(pattern: Pattern, block: int, *, heads: Any = None) -> np.ndarray:
+    """Fraction of set pairs in every ``block x block`` tile, per head.
+
+    Tiles at the right and bottom edges are cropped to ``n``; their fraction is
+    over the cropped area. Computed from the CSR one row block at a time.
+
+    Parameters
+    ----------
+    pattern : Pattern
+    block : int
+        Tile side in tokens, ``>= 1``.
+    heads : int, str or sequence of them, optional
+        The heads to count (indices or names); all by default.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``float64 (len(heads), nb, nb)`` with ``nb = ceil(n / block)``.
+
+    Examples
+    --------
+    >>> from sparse_patterns import make
+    >>> d = block_density(make("strided", 8, stride=2), 4)
+    >>> d.shape, d[1].tolist()
+    ((2, 2, 2), [[0.375, 0.0], [0.5, 0.375]])
+    """
+    block = check_int("block", block, 1)
+    drawn = select_heads(pattern, heads)
+    n = pattern.n
+    nb = -(-n // block)
+    sizes = np.full(nb, block, dtype=np.float64)
+    sizes[-1] = n - block * (nb - 1)
+    area = np.multiply.outer(sizes, sizes)  # (nb, nb)
+    out = np.empty((len(drawn), nb, nb), dtype=np.float64)
+    for t, h in enumerate(drawn):
+        out[t] = _head_block_counts(pattern.heads[h], block, nb) / area
+    return out
+
+
+def _token_codes(pattern: Pattern, drawn: list[int]) -> np.ndarray:
+    """``uint16 (n, n)``: bit t set where head ``drawn[t]`` attends (small n only)."""
+    n = pattern.n
+    codes = np.zeros((n, n), dtype=np.uint16)
+    for t, h in enumerate(drawn):
+        m = pattern.heads[h]
+        rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(m.indptr))
+        codes[rows, m.indices] |= np.uint16(1 << t)
+    return codes
+
+
+def _shade(dens: np.ndarray, drawn: list[int]) -> np.ndarray:
+    """Blend head colours by block density over the background: ``float (nb, nb, 3)`` in [0, 1]."""
+    alpha = np.where(dens > 0, 0.2 + 0.8 * np.sqrt(dens), 0.0)  # (H, nb, nb)
+    cols = np.stack([_rgb(head_color(h)) for h in drawn]).astype(np.float64) / 255  # (H, 3)
+    total = alpha.sum(axis=0)  # (nb, nb)
+    mix = np.einsum("hij,hc->ijc", alpha, cols) / np.maximum(total, 1e-12)[..., None]
+    a = alpha.max(axis=0)[..., None]  # opacity of the cell
+    bg = _rgb(BACKGROUND).astype(np.float64) / 255
+    return bg * (1 - a) + mix * a
+
+
+def plot_pattern(
+    pattern: Pattern,
+    *,
+    ax: Any = None,
+    heads: Any = None,
+    block: int | None = None,
+    legend: bool = True,
+) -> Any:
+    """Draw the connectivity matrix: rows are outputs ``i``, columns inputs ``j``.
+
+    Each head has its own colour (Okabe-Ito, colour-blind safe); a cell that
+    several heads attend takes the mean of their colours, and the legend names
+    every colour that appears. For ``n > TOKEN_LIMIT`` (or when ``block`` is
+    given) the view shows ``block x block`` tiles instead, shaded by the
+    fraction of their pairs each head sets (``0.2 + 0.8 * sqrt(fraction)`` for
+    a tile with any pair), computed from the CSR without an ``n x n`` array.
+
+    Parameters
+    ----------
+    pattern : Pattern
+    ax : matplotlib.axes.Axes, optional
+        Where to draw; a new figure when None.
+    heads : int, str or sequence of them, optional
+        The heads to draw (indices or names); all by default.
+    block : int, optional
+        Force the block-density view with this tile size. By default tokens
+        are drawn up to ``TOKEN_LIMIT`` and tiles of :func:`auto_block` above.
+    legend : bool
+        Add a legend (below the axes).
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+
+    Raises
+    ------
+    ValueError
+        An unknown head or a block size below 1.
+
+    See Also
+    --------
+    plot_image_view : the same heads seen from one position of an image.
+    block_density : the numbers behind the block view.
+
+    References
+    ----------
+    R. Child et al., "Generating Long Sequences with Sparse Transformers",
+    arXiv:1904.10509, 2019, Figure 3 (upper row).
+
+    Examples
+    --------
+    >>> import matplotlib
+    >>> matplotlib.use("Agg")
+    >>> from sparse_patterns import make
+    >>> ax = plot_pattern(make("strided", 16, stride=4))
+    >>> [t.get_text() for t in ax.get_legend().get_texts()]
+    ['A1', 'A2', 'A1 + A2']
+    >>> import matplotlib.pyplot as plt; plt.close("all")
+    """
+    if not isinstance(pattern, Pattern):
+        raise ValueError(f"pattern: expected a Pattern, got {type(pattern).__name__}")
+    drawn = select_heads(pattern, heads)
+    n = pattern.n
+    if block is None and n > TOKEN_LIMIT:
+        block = auto_block(n)
+    ax = new_axes(ax)
+    names = pattern.head_names
+    if block is None:
+        codes = _token_codes(pattern, drawn)
+        rgb, present = paint(codes, drawn)
+        ax.imshow(rgb, interpolation="nearest", extent=(-0.5, n - 0.5, n - 0.5, -0.5))
+        cell_grid(ax, n, n)
+        entries = [(combo_label(c, drawn, names), combo_color(drawn[t] for t in range(len(drawn))
+                    if c >> t & 1)) for c in _legend_order(present) if c]
+        note = None
+    else:
+        block = check_int("block", block, 1)
+        dens = block_density(pattern, block, heads=drawn)  # (H, nb, nb)
+        nb = dens.shape[1]
+        rgb = _shade(dens, drawn)
+        ax.imshow(rgb, interpolation="nearest", extent=(-0.5, nb * block - 0.5,
+                                                          nb * block - 0.5, -0.5))
+        entries = [(names[h], head_color(h)) for t, h in enumerate(drawn) if dens[t].any()]
+        if len(entries) > 1:
+            entries.append(("several heads", combo_color(h for t, h in enumerate(drawn)
+                                                          if dens[t].any())))
+        note = f"tiles of {block} x {block}: shade = fraction of pairs set (sqrt scale)"
+    ax.set_xlim(-0.5, n - 0.5)
+    ax.set_ylim(n - 0.5, -0.5)
+    ax.set_xlabel("input j (key position)")
+    ax.set_ylabel("output i (query position)")
+    ax.xaxis.set_label_position("top")
+    ax.xaxis.tick_top()
+    ax.set_aspect("equal")
+    if legend and entries:
+        leg = ax.legend(handles=legend_handles(entries), **legend_kwargs(len(entries)))
+        if note is not None:
+            leg.set_title(note, prop={"size": "x-small"})
+    return ax
+
+
+def _legend_order(codes: list[int]) -> list[int]:
+    """Single heads first (by head), then combinations by size and value."""
+    return sorted(codes, key=lambda c: (bin(c).count("1"), c))

@@ -1,0 +1,124 @@
+"""`patterns render` through typer's CliRunner: the three formats and the bad-input cases."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from sparse_patterns.cli import app
+
+runner = CliRunner()
+
+MAGIC = {".png": b"\x89PNG\r\n\x1a\n", ".pdf": b"%PDF-", ".svg": b"<?xml"}
+
+
+@pytest.mark.parametrize("suffix", [".png", ".svg", ".pdf"])
+def test_writes_each_format(tmp_path, suffix):
+    out = tmp_path / f"strided{suffix}"
+    res = runner.invoke(app, ["render", "strided", "--n", "16", "--stride", "4", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert out.read_bytes().startswith(MAGIC[suffix])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+    if suffix == ".svg":  # the title states the pattern and its parameters
+        assert "strided(stride=4, window='paper', causal=True), n=16" in out.read_text()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["fixed", "--n", "36", "--stride", "6", "--view", "image"],
+        ["strided", "--n", "24", "--stride", "4", "--view", "image", "--height", "4",
+         "--width", "6", "--position", "23", "--heads", "A2"],
+        ["local2d", "--n", "64", "--height", "8", "--width", "8", "--view", "image"],
+        ["axial2d", "--n", "64", "--height", "8", "--width", "8", "--view", "matrix"],
+        ["strided", "--n", "4096", "--stride", "64", "--view", "matrix"],
+        ["bigbird", "--n", "64", "--block", "8", "--view", "matrix", "--tile", "8"],
+        ["fixed", "--n", "64", "--stride", "8", "--summary-heads", "2", "--heads", "0,A2.1"],
+    ],
+)
+def test_views_and_options(tmp_path, args):
+    out = tmp_path / "fig.png"
+    res = runner.invoke(app, ["render", *args, "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert out.stat().st_size > 1000
+    assert "wrote" in res.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["strided", "--n", "16", "--view", "picture"], "view: unknown view 'picture'"),
+        (["strided", "--n", "16", "--view", "image", "--height", "3", "--width", "4"],
+         "height, width: the raster must hold n=16 positions, got 3 x 4 = 12"),
+        (["strided", "--n", "20", "--view", "image"], "n=20 is not a square"),
+        (["strided", "--n", "16", "--view", "image", "--position", "16"], "position: must be"),
+        (["strided", "--n", "16", "--view", "image", "--position", "-1"], "position: must be"),
+        (["strided", "--n", "16", "--heads", "B"], "heads: unknown head 'B'"),
+        (["strided", "--n", "16", "--stride", "0"], "stride"),
+        (["nosuch", "--n", "16"], "name: unknown pattern 'nosuch'"),
+        (["strided", "--n", "16", "--tile", "0"], "block: must be an integer >= 1"),
+    ],
+)
+def test_bad_input_one_line_exit_2_no_file(tmp_path, args, message):
+    out = tmp_path / "fig.png"
+    res = runner.invoke(app, ["render", *args, "-o", str(out)])
+    assert res.exit_code == 2, res.output
+    err = res.stderr.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert "Traceback" not in res.output
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("fig.gif", "output: unknown file suffix '.gif'"),
+        ("fig", "output: unknown file suffix '(none)'"),
+        ("missing/fig.png", "does not exist"),
+        ("adir.png", "it is a directory"),
+        ("afile/fig.png", "does not exist"),
+    ],
+)
+def test_bad_output_paths(tmp_path, name, message):
+    (tmp_path / "adir.png").mkdir()
+    (tmp_path / "afile").write_text("x")
+    res = runner.invoke(app, ["render", "strided", "--n", "16", "-o", str(tmp_path / name)])
+    assert res.exit_code == 2, res.output
+    err = res.stderr.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir.png", "afile"]
+
+
+def test_unwritable_directory(tmp_path, monkeypatch):
+    # root may write anywhere, so the permission check and the failing create are simulated
+    from sparse_patterns.render import _save
+
+    monkeypatch.setattr(_save.os, "access", lambda path, mode: False)
+    res = runner.invoke(app, ["render", "strided", "--n", "16", "-o", str(tmp_path / "f.png")])
+    assert res.exit_code == 2 and "is not writable" in res.stderr
+    monkeypatch.undo()
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(_save.tempfile, "mkstemp", denied)
+    res = runner.invoke(app, ["render", "strided", "--n", "16", "-o", str(tmp_path / "f.png")])
+    assert res.exit_code == 2
+    assert res.stderr.strip().endswith("cannot write '%s': Permission denied" % (tmp_path / "f.png"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_render_keeps_existing_file(tmp_path):
+    out = tmp_path / "fig.png"
+    out.write_bytes(b"previous figure")
+    res = runner.invoke(app, ["render", "strided", "--n", "16", "--view", "image",
+                              "--position", "99", "-o", str(out)])
+    assert res.exit_code == 2
+    assert out.read_bytes() == b"previous figure"
+
+
+def test_output_required_and_gallery_exclusive(tmp_path):
+    res = runner.invoke(app, ["render", "strided", "--n", "16"])
+    assert res.exit_code == 2 and "output: --output/-o FILE is required" in res.stderr
+    res = runner.invoke(app, ["render", "strided", "--gallery", str(tmp_path)])
+    assert res.exit_code == 2 and "gallery:" in res.stderr
