@@ -10,9 +10,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..pattern import Pattern
+from ..pattern import BlockLayout, Pattern
 
-__all__ = ["HeadBudget", "budgets"]
+__all__ = ["HeadBudget", "budgets", "block_budgets"]
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,9 @@ class HeadBudget:
         return asdict(self)
 
 
-def budgets(pattern: Pattern, p: int | None = None) -> list[HeadBudget]:
+def budgets(
+    pattern: Pattern, p: int | None = None, *, counts: np.ndarray | None = None
+) -> list[HeadBudget]:
     """``|A_i|`` statistics per head, then for the union.
 
     Parameters
@@ -40,6 +42,9 @@ def budgets(pattern: Pattern, p: int | None = None) -> list[HeadBudget]:
     pattern : Pattern
     p : int, optional
         The factorization order for ``n^(1/p)``; defaults to the number of heads.
+    counts : numpy.ndarray, optional
+        ``int (heads + 1, n)`` row counts already known (as
+        :meth:`Pattern.row_counts` returns them), so the union need not be built.
 
     Returns
     -------
@@ -58,7 +63,12 @@ def budgets(pattern: Pattern, p: int | None = None) -> list[HeadBudget]:
         raise ValueError(f"p: must be an integer >= 1, got {p}")
     n = pattern.n
     root = float(n) ** (1.0 / p)
-    counts = pattern.row_counts()  # (p_heads + 1, n)
+    if counts is None:
+        counts = pattern.row_counts()  # (p_heads + 1, n)
+    elif np.shape(counts) != (pattern.num_heads + 1, n):
+        raise ValueError(
+            f"counts: expected shape {(pattern.num_heads + 1, n)}, got {np.shape(counts)}"
+        )
     names = [*pattern.head_names, "union"]
     out = []
     for name, row in zip(names, counts, strict=True):
@@ -72,6 +82,49 @@ def budgets(pattern: Pattern, p: int | None = None) -> list[HeadBudget]:
                 mean_row=float(np.mean(row)),
                 root=root,
                 max_over_root=float(row.max()) / root,
+                nnz_over_budget=nnz / (n * root),
+            )
+        )
+    return out
+
+
+def block_budgets(layout: BlockLayout, p: int | None = None) -> list[HeadBudget]:
+    """``|A_i|`` upper bounds of a block layout, per head then for the union.
+
+    A set block counts as ``block`` columns for each of its rows (the
+    max-pooled bound a block-sparse kernel computes), so ``max_row`` is
+    ``block`` times the most set blocks in a block row and ``nnz`` is the
+    number of set blocks times ``block ** 2`` (edge blocks cropped to n).
+
+    Examples
+    --------
+    >>> from sparse_patterns import make
+    >>> b = block_budgets(make("strided", 16, stride=4).to_blocks(4))
+    >>> [(x.head, x.max_row) for x in b]
+    [('A1', 8), ('A2', 16), ('union', 16)]
+    """
+    p = layout.num_heads if p is None else int(p)
+    if p < 1:
+        raise ValueError(f"p: must be an integer >= 1, got {p}")
+    n, nb, block = layout.n, layout.nb, layout.block
+    root = float(n) ** (1.0 / p)
+    sizes = np.full(nb, block, dtype=np.int64)
+    sizes[-1] = n - block * (nb - 1)
+    lays = [layout.layout[h] for h in range(layout.num_heads)] + [layout.layout.any(axis=0)]
+    names = [f"A{h + 1}" for h in range(layout.num_heads)] + ["union"]
+    out = []
+    for name, lay in zip(names, lays, strict=True):
+        cols = lay.astype(np.int64) @ sizes  # (nb,) columns attended by each block row
+        nnz = int(cols @ sizes)
+        out.append(
+            HeadBudget(
+                head=name,
+                nnz=nnz,
+                density=nnz / float(n) ** 2,
+                max_row=int(cols.max()),
+                mean_row=float(nnz / n),
+                root=root,
+                max_over_root=float(cols.max()) / root,
                 nnz_over_budget=nnz / (n * root),
             )
         )

@@ -1,0 +1,501 @@
+"""Numba kernels of the exact verification (token level, depth, block level).
+
+Connectivity matrices are stored as **runs**: every row is a sorted list of
+maximal runs of consecutive columns ``[start, start + length)``. Several
+matrices ("structures") are stacked: row ``a`` of structure ``s`` has runs
+``rptr[s * n + a] .. rptr[s * n + a + 1]``. ``lptr``/``lidx`` index the long
+runs (``length >= LONG``) of every row, so a union can OR the long runs of a
+whole layer first and stop as soon as the row is complete.
+
+The token kernel (:func:`hop_kernel`) walks the output rows ``i`` in chunks
+(``prange``); for every step ``k`` it builds the bitset of
+``R_k(i) = U_{a in M_k(i)} R_{k-1}(a)`` by a backward layered BFS with one
+deduplicated layer per step. When ``A_k(i)`` contains ``A_k(i-1)`` (checked by a
+merge of the two run lists), the union of row ``i - 1`` is kept and only the new
+``a`` are added. Nothing here decides anything: the Python side validates input
+and interprets the counts.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from ._bits import first_zero, or_run, or_run_extract, popcount, set_bit
+
+__all__ = [
+    "LONG", "count_runs", "fill_runs", "union_runs", "long_index", "hop_kernel",
+    "depth_kernel", "block_step", "block_count",
+]
+
+LONG = 64
+_ONE = np.uint64(1)
+_ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+# --------------------------------------------------------------------------- runs
+@njit(parallel=True, cache=True)
+def count_runs(indptr, indices, n):
+    """Number of maximal runs of consecutive columns in each CSR row: int64 (n,)."""
+    out = np.zeros(n, np.int64)
+    for a in prange(n):
+        lo = indptr[a]
+        hi = indptr[a + 1]
+        c = 0
+        for t in range(lo, hi):
+            if t == lo or indices[t] != indices[t - 1] + 1:
+                c += 1
+        out[a] = c
+    return out
+
+
+@njit(parallel=True, cache=True)
+def fill_runs(indptr, indices, n, rptr, rst, rln):
+    """Write the runs of every CSR row at ``rptr[a]`` (from :func:`count_runs`)."""
+    for a in prange(n):
+        lo = indptr[a]
+        hi = indptr[a + 1]
+        q = rptr[a] - 1
+        for t in range(lo, hi):
+            if t == lo or indices[t] != indices[t - 1] + 1:
+                q += 1
+                rst[q] = indices[t]
+                rln[q] = 1
+            else:
+                rln[q] += 1
+
+
+@njit(cache=True)
+def _merge_row(heads_ptr, rst, rln, n, H, a, ost, oln, write):
+    """Union of row ``a`` over the H stacked heads as maximal runs (H-way merge)."""
+    pos = np.empty(H, np.int64)
+    for h in range(H):
+        pos[h] = heads_ptr[h * n + a]
+    m = 0
+    cur_s = -1
+    cur_e = -1
+    while True:
+        best = -1
+        bs = 0
+        for h in range(H):
+            if pos[h] < heads_ptr[h * n + a + 1]:
+                s = rst[pos[h]]
+                if best < 0 or s < bs:
+                    best = h
+                    bs = s
+        if best < 0:
+            break
+        e = bs + rln[pos[best]]
+        pos[best] += 1
+        if cur_s >= 0 and bs <= cur_e:
+            if e > cur_e:
+                cur_e = e
+        else:
+            if cur_s >= 0:
+                if write:
+                    ost[m] = cur_s
+                    oln[m] = cur_e - cur_s
+                m += 1
+            cur_s = bs
+            cur_e = e
+    if cur_s >= 0:
+        if write:
+            ost[m] = cur_s
+            oln[m] = cur_e - cur_s
+        m += 1
+    return m
+
+
+@njit(parallel=True, cache=True)
+def union_runs(heads_ptr, rst, rln, n, H):
+    """Runs of the union of H stacked structures: (rptr, rst, rln)."""
+    cnt = np.zeros(n, np.int64)
+    dummy = np.empty(0, np.int64)
+    for a in prange(n):
+        cnt[a] = _merge_row(heads_ptr, rst, rln, n, H, a, dummy, dummy, False)
+    ptr = np.zeros(n + 1, np.int64)
+    for a in range(n):
+        ptr[a + 1] = ptr[a] + cnt[a]
+    ost = np.empty(ptr[n], np.int64)
+    oln = np.empty(ptr[n], np.int64)
+    for a in prange(n):
+        _merge_row(heads_ptr, rst, rln, n, H, a, ost[ptr[a]:ptr[a + 1]], oln[ptr[a]:ptr[a + 1]],
+                   True)
+    return ptr, ost, oln
+
+
+@njit(cache=True)
+def long_index(rptr, rln, rows):
+    """Per-row index of the runs with ``length >= LONG``: (lptr, lidx)."""
+    lptr = np.zeros(rows + 1, np.int64)
+    for r in range(rows):
+        c = 0
+        for q in range(rptr[r], rptr[r + 1]):
+            if rln[q] >= LONG:
+                c += 1
+        lptr[r + 1] = lptr[r] + c
+    lidx = np.empty(lptr[rows], np.int64)
+    m = 0
+    for q in range(rptr[rows]):
+        if rln[q] >= LONG:
+            lidx[m] = q
+            m += 1
+    return lptr, lidx
+
+
+# ------------------------------------------------------------------ token kernel
+@njit(cache=True)
+def _emit_row(rptr, rst, rln, r, out):
+    """All positions of stacked row ``r`` into ``out``; return their number."""
+    m = 0
+    for q in range(rptr[r], rptr[r + 1]):
+        s = rst[q]
+        for x in range(s, s + rln[q]):
+            out[m] = x
+            m += 1
+    return m
+
+
+@njit(cache=True)
+def _new_elements(rptr, rst, rln, rprev, rcur, out):
+    """Positions of row ``rcur`` missing from row ``rprev``, or -1 if ``rprev`` is not a subset."""
+    pa = rptr[rprev]
+    pe = rptr[rprev + 1]
+    qa = rptr[rcur]
+    qe = rptr[rcur + 1]
+    q = qa
+    for r in range(pa, pe):
+        s0 = rst[r]
+        e0 = s0 + rln[r]
+        while q < qe and rst[q] + rln[q] <= s0:
+            q += 1
+        if q == qe or rst[q] > s0 or rst[q] + rln[q] < e0:
+            return -1
+    m = 0
+    r = pa
+    for q in range(qa, qe):
+        pos = rst[q]
+        ce = pos + rln[q]
+        while pos < ce:
+            while r < pe and rst[r] + rln[r] <= pos:
+                r += 1
+            if r < pe and rst[r] < ce:
+                ps = rst[r]
+                if ps > pos:
+                    for x in range(pos, ps):
+                        out[m] = x
+                        m += 1
+                pe_ = ps + rln[r]
+                if pe_ > pos:
+                    pos = pe_
+            else:
+                for x in range(pos, ce):
+                    out[m] = x
+                    m += 1
+                pos = ce
+    return m
+
+
+@njit(cache=True)
+def _bottom(bits, cnt, T, lst, m, base, rptr, rst, rln, lptr, lidx, residual):
+    """bits |= U_{a in lst} (row a of the structure at ``base``, plus a if residual).
+
+    Long runs of every row first, then the rest; stops once ``cnt == T``.
+    """
+    if cnt >= T:
+        return cnt
+    for t in range(m):
+        a = lst[t]
+        for q in range(lptr[base + a], lptr[base + a + 1]):
+            r = lidx[q]
+            cnt += or_run(bits, rst[r], rln[r])
+        if cnt >= T:
+            return cnt
+    for t in range(m):
+        a = lst[t]
+        for r in range(rptr[base + a], rptr[base + a + 1]):
+            ln = rln[r]
+            if ln == 1:
+                cnt += set_bit(bits, rst[r])
+            elif ln < LONG:
+                cnt += or_run(bits, rst[r], ln)
+        if residual:
+            cnt += set_bit(bits, a)
+        if cnt >= T:
+            return cnt
+    return cnt
+
+
+@njit(cache=True)
+def _expand(bits, cnt, T, lst, m, k, step_base, rptr, rst, rln, lptr, lidx, residual, D, X, Y):
+    """bits |= U_{a in lst} R_{k-1}(a) for k >= 2, one deduplicated layer per step."""
+    cur = lst
+    cm = m
+    use_x = True
+    for t in range(k - 1, 1, -1):
+        base = step_base[t - 1]
+        nxt = X if use_x else Y
+        nm = 0
+        for u in range(cm):
+            a = cur[u]
+            for r in range(rptr[base + a], rptr[base + a + 1]):
+                nm = or_run_extract(D, rst[r], rln[r], nxt, nm)
+            if residual and set_bit(D, a):
+                nxt[nm] = a
+                nm += 1
+        for u in range(nm):
+            D[nxt[u] >> 6] = 0
+        cur = nxt
+        cm = nm
+        use_x = not use_x
+    return _bottom(bits, cnt, T, cur, cm, step_base[0], rptr, rst, rln, lptr, lidx, residual)
+
+
+@njit(cache=True)
+def _write_bits(mat, i, bits, hw, value):
+    for w in range(hw):
+        x = bits[w]
+        while x:
+            lsb = x & (~x + _ONE)
+            j = (w << 6) + popcount(lsb - _ONE)
+            mat[i, j] = value
+            x &= x - _ONE
+
+
+@njit(parallel=True, cache=True)
+def hop_kernel(n, p, step_base, rptr, rst, rln, lptr, lidx, residual, causal, row_lo, row_hi,
+               chunk, nthr, want_mat, mat):
+    """Exact hop-distance counts for output rows ``[row_lo, row_hi)``.
+
+    Returns per chunk: ``hops (nc, p + 1)`` (column k = pairs whose hop distance
+    is k), ``miss1 (nc,)`` target pairs outside ``R_p``, ``miss2 (nc,)`` target
+    pairs with no hop distance, and the first failing pair of each criterion
+    ``bad (nc, 4)`` = (i1, j1, i2, j2), -1 when none. With ``want_mat`` the hop
+    distance of every target pair is written to ``mat[i, j]`` (-1: unreachable).
+    """
+    nrows = row_hi - row_lo
+    nc = (nrows + chunk - 1) // chunk
+    nw = (n + 63) >> 6
+    hops = np.zeros((nc, p + 1), np.int64)
+    miss1 = np.zeros(nc, np.int64)
+    miss2 = np.zeros(nc, np.int64)
+    bad = np.full((nc, 4), -1, np.int64)
+    Rs = np.zeros((nthr, nw), np.uint64)
+    Es = np.zeros((nthr, nw), np.uint64)
+    Ds = np.zeros((nthr, nw), np.uint64)
+    Bs = np.zeros((nthr, p + 1, nw), np.uint64)
+    L0s = np.empty((nthr, n), np.int64)
+    Xs = np.empty((nthr, n), np.int64)
+    Ys = np.empty((nthr, n), np.int64)
+    for c in prange(nc):
+        tid = numba.get_thread_id()
+        R = Rs[tid]
+        E = Es[tid]
+        D = Ds[tid]
+        B = Bs[tid]
+        L0 = L0s[tid]
+        X = Xs[tid]
+        Y = Ys[tid]
+        B[:, :] = 0
+        valid = np.zeros(p + 1, np.bool_)
+        bcnt = np.zeros(p + 1, np.int64)
+        i0 = row_lo + c * chunk
+        i1 = min(i0 + chunk, row_hi)
+        base1 = step_base[0]
+        for i in range(i0, i1):
+            if causal:
+                T = i + 1
+                hw = (i >> 6) + 1
+            else:
+                T = n
+                hw = nw
+            for w in range(hw):
+                R[w] = 0
+            rc = 0
+            for r in range(rptr[base1 + i], rptr[base1 + i + 1]):
+                rc += or_run(R, rst[r], rln[r])
+            if residual:
+                rc += set_bit(R, i)
+            hops[c, 1] += rc
+            if want_mat:
+                _write_bits(mat, i, R, hw, 1)
+            ec = rc
+            if want_mat or not residual:
+                for w in range(hw):
+                    E[w] = R[w]
+            last = R
+            for k in range(2, p + 1):
+                if residual and rc == T:
+                    for kk in range(k, p + 1):
+                        valid[kk] = False
+                    break
+                base = step_base[k - 1]
+                Bk = B[k]
+                m = -1
+                if valid[k] and i > i0:
+                    m = _new_elements(rptr, rst, rln, base + i - 1, base + i, L0)
+                if m < 0:
+                    for w in range(hw):
+                        Bk[w] = 0
+                    bcnt[k] = 0
+                    m = _emit_row(rptr, rst, rln, base + i, L0)
+                bcnt[k] = _expand(Bk, bcnt[k], T, L0, m, k, step_base, rptr, rst, rln, lptr,
+                                  lidx, residual, D, X, Y)
+                valid[k] = True
+                new = 0
+                if residual:
+                    for w in range(hw):
+                        x = Bk[w] & ~R[w]
+                        if x:
+                            new += popcount(x)
+                            R[w] |= x
+                    rc += new
+                else:
+                    for w in range(hw):
+                        x = Bk[w] & ~E[w]
+                        if x:
+                            new += popcount(x)
+                            E[w] |= x
+                            if want_mat:
+                                xx = x
+                                while xx:
+                                    lsb = xx & (~xx + _ONE)
+                                    mat[i, (w << 6) + popcount(lsb - _ONE)] = k
+                                    xx &= xx - _ONE
+                    ec += new
+                    rc = bcnt[k]
+                    last = Bk
+                hops[c, k] += new
+                if residual and want_mat:
+                    # new bits of this step: R now minus what E (= R before) held
+                    for w in range(hw):
+                        xx = R[w] & ~E[w]
+                        while xx:
+                            lsb = xx & (~xx + _ONE)
+                            mat[i, (w << 6) + popcount(lsb - _ONE)] = k
+                            xx &= xx - _ONE
+                        E[w] = R[w]
+            if residual:
+                ec = rc
+            miss1[c] += T - rc
+            miss2[c] += T - ec
+            if rc < T and bad[c, 0] < 0:
+                bad[c, 0] = i
+                bad[c, 1] = first_zero(last, T)
+            if ec < T and bad[c, 2] < 0:
+                bad[c, 2] = i
+                bad[c, 3] = first_zero(R if residual else E, T)
+            if want_mat and ec < T:
+                got = R if residual else E
+                for j in range(T):
+                    if not (got[j >> 6] >> np.uint64(j & 63)) & _ONE:
+                        mat[i, j] = -1
+    return hops, miss1, miss2, bad
+
+
+# ------------------------------------------------------------------------- depth
+@njit(parallel=True, cache=True)
+def depth_kernel(n, P, step_base, rptr, rst, rln, residual, causal, nthr):
+    """Per input position j: the steps every target output needs, or -1 if one never connects.
+
+    Forward BFS from ``(j, phase 0)`` over states ``(position, step mod P)`` of
+    the periodic layered graph; ``step_base`` indexes the *transposed* step
+    structures (row a lists the outputs that read a). Each state is expanded
+    once, so the search ends after at most ``n * P`` levels.
+    """
+    nw = (n + 63) >> 6
+    out = np.empty(n, np.int64)
+    Vs = np.zeros((nthr, P, nw), np.uint64)
+    Gs = np.zeros((nthr, nw), np.uint64)
+    Fs = np.empty((nthr, n), np.int64)
+    Ns = np.empty((nthr, n), np.int64)
+    for j in prange(n):
+        tid = numba.get_thread_id()
+        V = Vs[tid]
+        G = Gs[tid]
+        F = Fs[tid]
+        N = Ns[tid]
+        V[:, :] = 0
+        G[:] = 0
+        T = n - j if causal else n
+        F[0] = j
+        cm = 1  # the start state is not marked: (j, j) needs a walk of >= 1 step
+        K = 0
+        reached = 0
+        maxd = 0
+        use_f = True
+        while cm > 0 and reached < T:
+            cur = F if use_f else N
+            nxt = N if use_f else F
+            base = step_base[K % P]
+            nv = V[(K + 1) % P]
+            nm = 0
+            for u in range(cm):
+                a = cur[u]
+                for r in range(rptr[base + a], rptr[base + a + 1]):
+                    nm = or_run_extract(nv, rst[r], rln[r], nxt, nm)
+                if residual and set_bit(nv, a):
+                    nxt[nm] = a
+                    nm += 1
+            K += 1
+            for u in range(nm):
+                b = nxt[u]
+                if (b >= j or not causal) and set_bit(G, b):
+                    reached += 1
+                    maxd = K
+            cm = nm
+            use_f = not use_f
+        out[j] = maxd if reached == T else -1
+    return out
+
+
+# ------------------------------------------------------------------- block level
+@njit(parallel=True, cache=True)
+def block_step(nb, bptr, bidx, prev, add_self, keep_prev, out):
+    """One step at block level: out[I] = U_{K in B(I)} (prev[K] | {K} if add_self) | prev[I] if keep_prev.
+
+    ``prev`` and ``out`` are bit matrices ``uint64 (nb, ceil(nb / 64))``.
+    """
+    W = prev.shape[1]
+    for I in prange(nb):
+        row = out[I]
+        if keep_prev:
+            for w in range(W):
+                row[w] = prev[I, w]
+        else:
+            for w in range(W):
+                row[w] = 0
+        for t in range(bptr[I], bptr[I + 1]):
+            K = bidx[t]
+            src = prev[K]
+            for w in range(W):
+                row[w] |= src[w]
+            if add_self:
+                row[K >> 6] |= _ONE << np.uint64(K & 63)
+
+
+@njit(parallel=True, cache=True)
+def block_count(nb, R, E, causal, write_e):
+    """Per block row: target pairs of R not in E (E |= R when write_e), |R| on target, first miss."""
+    new = np.zeros(nb, np.int64)
+    have = np.zeros(nb, np.int64)
+    miss = np.full(nb, -1, np.int64)
+    for I in prange(nb):
+        T = I + 1 if causal else nb
+        hw = (T + 63) >> 6
+        a = 0
+        h = 0
+        for w in range(hw):
+            x = R[I, w]
+            if w == hw - 1 and (T & 63):
+                x &= (_ONE << np.uint64(T & 63)) - _ONE
+            h += popcount(x)
+            a += popcount(x & ~E[I, w])
+            if write_e:
+                E[I, w] |= x
+        new[I] = a
+        have[I] = h
+        if h < T:
+            miss[I] = first_zero(R[I], T)
+    return new, have, miss
