@@ -125,3 +125,134 @@ def dense_oracle(name: str, n: int, **params) -> np.ndarray:
         raise ValueError(f"name: no dense oracle for {name!r}; have {', '.join(ORACLES)}")
     assert math.isfinite(n)
     return np.stack(ORACLES[name](n, **params))
+
+
+# ---------------------------------------------------------------------------
+# BFS oracle for verification (issue 3): the paper's criteria from the
+# definitions, one output row and one step count at a time, with Python sets.
+# ---------------------------------------------------------------------------
+
+__all__ += ["bfs_hops", "bfs_verify", "bfs_depth"]
+
+
+def _bfs_steps(heads, p, mode):
+    """Dense bool (n, n) matrix of every step 1..p."""
+    hs = np.asarray(heads, dtype=bool)
+    if hs.ndim == 2:
+        hs = hs[None]
+    p = hs.shape[0] if p is None else int(p)
+    if mode == "interleaved":
+        return [hs[m % hs.shape[0]] for m in range(p)], hs.shape[0]
+    u = hs.any(axis=0)
+    return [u] * p, 1
+
+
+def bfs_hops(heads, p=None, mode="interleaved", residual=True, causal=True):
+    """Hop distances by brute force: ``(hops, in_last)`` for dense heads ``(H, n, n)``.
+
+    For every output i and every k <= p, the set ``R_k(i)`` is built by a plain
+    layered BFS backwards from i: layer 0 is ``{i}``, layer t is the union of
+    the step ``k - t + 1`` rows of layer t - 1 (plus the layer itself when
+    ``residual``). ``hops[i, j]`` is 0 for non-target pairs (``j > i`` when
+    causal), the least k with ``j in R_k(i)``, or -1; ``in_last[i, j]`` says
+    whether ``j in R_p(i)``. Slow on purpose (n up to a few hundred).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> a1 = np.tril(np.ones((3, 3), bool)) & ~np.tril(np.ones((3, 3), bool), -2)
+    >>> bfs_hops([a1, a1])[0]
+    array([[1, 0, 0],
+           [1, 1, 0],
+           [2, 1, 1]])
+    """
+    steps, _ = _bfs_steps(heads, p, mode)
+    p = len(steps)
+    n = steps[0].shape[0]
+    rows = [[set(np.flatnonzero(m[a]).tolist()) for a in range(n)] for m in steps]
+    hops = np.zeros((n, n), dtype=np.int64)
+    in_last = np.zeros((n, n), dtype=bool)
+    for i in range(n):
+        targets = range(i + 1) if causal else range(n)
+        for j in targets:
+            hops[i, j] = -1
+        for k in range(1, p + 1):
+            layer = {i}
+            for t in range(1, k + 1):
+                step = k - t  # 0-based index of step k - t + 1
+                nxt = set()
+                for a in layer:
+                    nxt |= rows[step][a]
+                    if residual:
+                        nxt.add(a)
+                layer = nxt
+            for j in layer:
+                if (not causal or j <= i) and hops[i, j] == -1:
+                    hops[i, j] = k
+                if k == p:
+                    in_last[i, j] = True
+    return hops, in_last
+
+
+def bfs_verify(heads, p=None, mode="interleaved", residual=True, causal=True):
+    """The criteria and the hop histogram from :func:`bfs_hops`, as a dict."""
+    hops, in_last = bfs_hops(heads, p, mode, residual, causal)
+    n = hops.shape[0]
+    target = np.tril(np.ones((n, n), bool)) if causal else np.ones((n, n), bool)
+    p = len(_bfs_steps(heads, p, mode)[0])
+    c1 = bool(in_last[target].all())
+    c2 = bool((hops[target] > 0).all())
+    return {
+        "criterion1": c1,
+        "criterion2": c2,
+        "hops": {k: int((hops == k).sum()) for k in range(1, p + 1)},
+        "unreachable": int((hops == -1).sum()),
+        "not_in_last": int((target & ~in_last).sum()),
+        "hop_matrix": hops,
+        "in_last": in_last,
+    }
+
+
+def bfs_depth(heads, p=None, mode="interleaved", residual=True, causal=True):
+    """Least K such that every target pair is in some ``R_k``, k <= K, or None.
+
+    Steps repeat with period p (interleaved) or use the union (merged). Each
+    input j is pushed forward one step at a time, ``F_K = {b : M_K(b) meets
+    F_{K-1}}``, until every target output was reached or the state
+    ``(F_K, K mod period)`` repeats.
+    """
+    hs = np.asarray(heads, dtype=bool)
+    if hs.ndim == 2:
+        hs = hs[None]
+    p = hs.shape[0] if p is None else int(p)
+    n = hs.shape[1]
+    if mode == "interleaved":
+        mats = [hs[m] for m in range(p)]
+    else:
+        mats = [hs.any(axis=0)]
+    if residual:
+        mats = [m | np.eye(n, dtype=bool) for m in mats]
+    period = len(mats)
+    worst = 0
+    for j in range(n):
+        want = np.zeros(n, bool)
+        want[j:] = True
+        if not causal:
+            want[:] = True
+        got = np.zeros(n, bool)
+        f = np.zeros(n, bool)
+        f[j] = True
+        seen = set()
+        K = 0
+        while not got[want].all():
+            state = (f.tobytes(), K % period)
+            if state in seen:
+                return None
+            seen.add(state)
+            f = mats[K % period][:, f].any(axis=1)
+            K += 1
+            newly = f & ~got
+            if (newly & want).any():
+                worst = max(worst, K)
+            got |= f
+    return worst

@@ -691,7 +691,7 @@ def explain(
         return Explanation(
             i, j, None, (), None, False,
             f"no path of at most {p + 1} positions joins input {j} to output {i} ({how}): "
-            f"({i}, {j}) is in none of R_1 .. R_{p}",
+            f"({i}, {j}) is in none of " + (f"R_1 .. R_{p}" if p > 1 else "R_1"),
         )
     path, steps, k = found
     return Explanation(i, j, path, steps, k, in_last, f"hop distance {k}")
