@@ -114,7 +114,7 @@ def render_view(
             raise ValueError("table: the scaling view needs a ScalingTable, got None")
         from .analysis import plot_scaling, scaling_title  # noqa: PLC0415
 
-        fig, ax = plt.subplots(figsize=size or (6.0, 4.5), layout="constrained")
+        fig, ax = plt.subplots(figsize=size or (8.5, 4.5), layout="constrained")
         plot_scaling(table, ax=ax)
         fig.suptitle(scaling_title(table), fontsize="medium")
         return fig
