@@ -1,0 +1,435 @@
+"""PyTorch FlexAttention export: a ``BlockMask`` built straight from the
+pattern's block layout (``BlockMask.from_kv_blocks`` with partial and full
+blocks separated) and a ``mask_mod`` that evaluates the token pattern, never a
+dense n x n mask; and the way back from any ``BlockMask`` to a
+:class:`Pattern`.
+
+The ``mask_mod`` is exact at every position (FlexAttention's eager path
+evaluates it everywhere; the compiled kernel only on partial blocks). For the
+registered families it is arithmetic in the generator's parameters (``(q - kv)
+% l == 0``, ``kv // l == q // l``, ...); for any other pattern it looks the key
+up in the sorted CSR row of the query by a fixed-depth binary search written
+with gathers and ``torch.where`` (memory O(nnz), traceable by
+``torch.compile``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from .._validate import check_choice, check_int
+from ..pattern import DENSE_LIMIT, Pattern
+from ._common import head_layouts, head_plan
+
+__all__ = ["to_flex_block_mask", "flex_mask_mod", "from_flex_block_mask", "MASK_IMPLS"]
+
+#: how the mask_mod decides membership
+MASK_IMPLS = ("auto", "formula", "csr")
+
+Rule = Callable[[Any, Any], Any]
+
+
+# --------------------------------------------------------------- formulas
+def _causal(rule: Rule, causal: bool) -> Rule:
+    if not causal:
+        return rule
+    return lambda q, kv: rule(q, kv) & (kv <= q)
+
+
+def _band(lo: int, hi: int) -> Rule:
+    """``lo <= q - kv <= hi``."""
+    return lambda q, kv: ((q - kv) >= lo) & ((q - kv) <= hi)
+
+
+def _family_rules(pattern: Pattern) -> list[Rule] | None:
+    """One ``rule(q, kv) -> bool tensor`` per head for a registered family, or None."""
+    import torch  # noqa: PLC0415
+
+    name, p, n = pattern.name, dict(pattern.params), pattern.n
+    causal = bool(p.get("causal", pattern.causal))
+    true = lambda q, kv: (q >= 0) & (kv >= 0)  # noqa: E731
+    if name == "full":
+        return [_causal(true, causal)]
+    if name in ("local", "dilated"):
+        w, d = p["window"], p.get("dilation", 1)
+        reach = min(w * d, n)
+        band = _band(-reach if not causal else 0, reach)
+        if d == 1:
+            return [band]
+        return [lambda q, kv: band(q, kv) & (torch.remainder(q - kv, d) == 0)]
+    if name == "strided":
+        l = p["stride"]
+        w = l if p["window"] == "paper" else l - 1
+        a1 = _band(0 if causal else -w, w)
+        a2 = _causal(lambda q, kv: torch.remainder(q - kv, l) == 0, causal)
+        return [a1, a2]
+    if name == "fixed":
+        l, c, k = p["stride"], p["c"], p["summary_heads"]
+        rules = [_causal(lambda q, kv: (q // l) == (kv // l), causal)]
+        for h in range(k):
+            lo, hi = l - (h + 1) * c, l - h * c
+
+            def summary(q, kv, lo=lo, hi=hi):
+                r = torch.remainder(kv, l)
+                return (r >= lo) & (r < hi) & (q >= 0)
+
+            rules.append(_causal(summary, causal))
+        return rules
+    if name == "longformer":
+        w, g, d = p["window"], p["global_tokens"], p["dilation"]
+        reach = min(w * d, n)
+        band = _band(-reach if not causal else 0, reach)
+        win = band if d == 1 else (lambda q, kv: band(q, kv) & (torch.remainder(q - kv, d) == 0))
+        glob = _causal(lambda q, kv: (q < g) | (kv < g), causal)
+        return [win, glob]
+    if name == "axial2d":
+        w = p["width"]
+        row = _causal(lambda q, kv: (q // w) == (kv // w), causal)
+        col = _causal(lambda q, kv: torch.remainder(q - kv, w) == 0, causal)
+        return [row, col]
+    if name == "factorized":
+        from ..patterns.registry import root_of  # noqa: PLC0415
+
+        l = root_of(n, p["p"])
+        rules = []
+        for m in range(1, p["p"] + 1):
+            step = min(l ** (m - 1), n)
+            reach = min((l - 1) * step, n)
+            band = _band(0 if causal else -reach, reach)
+            rules.append(
+                lambda q, kv, band=band, step=step: band(q, kv)
+                & (torch.remainder(q - kv, step) == 0)
+            )
+        return rules
+    if name == "bigbird":
+        b = p["block"]
+        bl = pattern.to_blocks(b)
+        tables = torch.from_numpy(np.ascontiguousarray(bl.layout))  # (3, nb, nb)
+        return [
+            _causal(lambda q, kv, t=tables[h]: t[q // b, kv // b], causal)
+            for h in range(tables.shape[0])
+        ]
+    return None
+
+
+def _trusted_formula(pattern: Pattern) -> list[Rule] | None:
+    """The family formulas, only when the pattern is what its name and params generate."""
+    from ..patterns import registry  # noqa: PLC0415
+
+    if pattern.name not in registry.REGISTRY:
+        return None
+    spec = registry.REGISTRY[pattern.name]
+    if set(pattern.params) != {q.name for q in spec.params}:
+        return None
+    generated = getattr(pattern, "_lazy", None) is not None  # built by a generator
+    if not generated:
+        try:
+            again = registry.make(pattern.name, pattern.n, **dict(pattern.params))
+        except (ValueError, TypeError):
+            return None
+        if again.num_heads != pattern.num_heads or not again == pattern:
+            return None
+    try:
+        return _family_rules(pattern)
+    except (KeyError, TypeError):
+        return None
+
+
+# --------------------------------------------------------------- CSR lookup
+def _csr_rule(mats: list[sp.csr_matrix], n: int) -> Callable[[Any, Any, Any], Any]:
+    """``rule(k, q, kv)``: is ``kv`` in row ``q`` of matrix ``k``? (binary search in the CSR)."""
+    import torch  # noqa: PLC0415
+
+    nnz = [int(m.nnz) for m in mats]
+    total = sum(nnz)
+    idx_dtype = np.int32 if total < 2**31 - 1 else np.int64
+    indptr = np.empty((len(mats), n + 1), dtype=np.int64)
+    off = 0
+    for k, m in enumerate(mats):
+        indptr[k] = m.indptr.astype(np.int64) + off
+        off += nnz[k]
+    indices = np.concatenate([m.indices for m in mats]).astype(idx_dtype) if total else np.zeros(
+        1, dtype=idx_dtype
+    )
+    longest = max(int(np.diff(m.indptr).max()) for m in mats)
+    steps = []
+    s = 1
+    while s <= longest:
+        steps.append(s)
+        s *= 2
+    steps.reverse()
+    t_indptr = torch.from_numpy(indptr.astype(idx_dtype).ravel())  # (p * (n + 1),)
+    t_indices = torch.from_numpy(indices)  # (nnz,)
+    last = max(total - 1, 0)
+
+    def rule(k, q, kv):
+        row = k * (n + 1) + q
+        lo = t_indptr[row]
+        hi = t_indptr[row + 1]
+        pos = lo
+        for st in steps:  # lower bound of kv in indices[lo:hi], depth log2(longest row)
+            cand = pos + st
+            ok = (cand <= hi) & (t_indices[torch.clamp(cand - 1, 0, last)] < kv)
+            pos = torch.where(ok, cand, pos)
+        return (pos < hi) & (t_indices[torch.clamp(pos, 0, last)] == kv)
+
+    return rule
+
+
+# --------------------------------------------------------------- public
+def flex_mask_mod(
+    pattern: Pattern,
+    *,
+    mode: str = "multihead",
+    num_heads: int | None = None,
+    impl: str = "auto",
+) -> Callable[..., Any]:
+    """The FlexAttention ``mask_mod(b, h, q_idx, kv_idx)`` of a pattern.
+
+    Parameters
+    ----------
+    pattern : Pattern
+    mode : {"multihead", "merged"}
+        ``"multihead"``: attention head ``h`` uses pattern head ``h mod p``;
+        ``"merged"``: every head uses the union.
+    num_heads : int, optional
+        Only validated here (the mapping is ``h mod p`` for any ``H``).
+    impl : {"auto", "formula", "csr"}
+        ``"formula"``: arithmetic in the family's parameters (registered
+        families whose heads are exactly what their name and params generate;
+        local2d has none); ``"csr"``: binary search in the CSR rows, for any
+        pattern; ``"auto"``: formula when there is one, else csr.
+
+    Returns
+    -------
+    callable
+        ``mask_mod(b, h, q_idx, kv_idx) -> torch.bool tensor``, traceable by
+        ``torch.compile`` and exact at every position.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from sparse_patterns import make
+    >>> mm = flex_mask_mod(make("strided", 16, stride=4))
+    >>> q, kv = torch.tensor(9), torch.arange(16)
+    >>> mm(0, torch.tensor(1), q, kv).nonzero().ravel().tolist()  # head A2
+    [1, 5, 9]
+    """
+    import torch  # noqa: PLC0415
+
+    impl = check_choice("impl", impl, MASK_IMPLS)
+    mode, plan = head_plan(pattern, mode, num_heads)
+    p = pattern.num_heads
+    rules = _trusted_formula(pattern) if impl in ("auto", "formula") else None
+    if impl == "formula" and rules is None:
+        raise ValueError(
+            f"impl: no formula for pattern {pattern.name!r} (a registered family whose heads "
+            "match its params is needed); use impl='csr' or 'auto'"
+        )
+    if rules is not None:
+        if mode == "merged" or p == 1:
+
+            def mask_mod(b, h, q_idx, kv_idx):
+                out = rules[0](q_idx, kv_idx)
+                for r in rules[1:]:
+                    out = out | r(q_idx, kv_idx)
+                return out
+
+        else:
+
+            def mask_mod(b, h, q_idx, kv_idx):
+                ph = torch.remainder(h, p)
+                out = (ph == 0) & rules[0](q_idx, kv_idx)
+                for k in range(1, p):
+                    out = out | ((ph == k) & rules[k](q_idx, kv_idx))
+                return out
+
+        return mask_mod
+
+    if mode == "merged" or p == 1:
+        look = _csr_rule([pattern.union() if mode == "merged" else pattern.heads[0]], pattern.n)
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return look(0, q_idx, kv_idx)
+
+    else:
+        look = _csr_rule(list(pattern.heads), pattern.n)
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return look(torch.remainder(h, p), q_idx, kv_idx)
+
+    return mask_mod
+
+
+def _ordered(sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Counts ``(H, nb)`` and column lists ``(H, nb, nb)`` (set columns first, ascending)."""
+    counts = sel.sum(axis=-1).astype(np.int32)
+    order = np.argsort(~sel, axis=-1, kind="stable").astype(np.int32)
+    return counts, order
+
+
+def to_flex_block_mask(
+    pattern: Pattern,
+    *,
+    mode: str = "multihead",
+    num_heads: int | None = None,
+    block_size: int = 128,
+    impl: str = "auto",
+) -> Any:
+    """A FlexAttention ``BlockMask`` for the pattern, built from its block layout.
+
+    The layout (which tiles hold a pair, which are full) comes from
+    :meth:`Pattern.to_blocks` (the CSR's block counts, or the generator's
+    closed form): full tiles go to ``full_kv_*`` and skip the ``mask_mod``,
+    partial tiles to ``kv_*`` and evaluate it (see :func:`flex_mask_mod`). No
+    dense n x n mask is built, unlike ``create_block_mask``; the BlockMask's
+    own tensors are ``(1, H, nb, nb)`` int32.
+
+    Parameters
+    ----------
+    pattern : Pattern
+    mode : {"multihead", "merged"}
+        ``"multihead"``: attention head ``h`` uses pattern head ``h mod p``;
+        ``"merged"``: every head uses the union of the heads.
+    num_heads : int, optional
+        ``H``, the query heads of the ``flex_attention`` call: ``p``
+        (multihead) or 1 (merged, broadcast over heads) by default.
+    block_size : int
+        FlexAttention's tile size (128 by default; the kernel's Q and KV block).
+    impl : {"auto", "formula", "csr"}
+        How the ``mask_mod`` decides membership (see :func:`flex_mask_mod`).
+
+    Returns
+    -------
+    torch.nn.attention.flex_attention.BlockMask
+        Shape ``(1, H, n, n)``; ``flex_attention(q, k, v, block_mask=bm)``
+        with ``q`` of shape ``(B, H, n, d)`` attends exactly the pattern.
+
+    Raises
+    ------
+    ValueError
+        Bad mode, num_heads, block_size or impl.
+
+    See Also
+    --------
+    from_flex_block_mask : the way back.
+
+    Examples
+    --------
+    >>> from sparse_patterns import make
+    >>> bm = to_flex_block_mask(make("strided", 16, stride=4), block_size=4)
+    >>> bm.shape
+    (1, 2, 16, 16)
+    >>> bm.kv_num_blocks[0, 1].tolist(), bm.full_kv_num_blocks[0, 1].tolist()  # head A2
+    ([1, 2, 3, 4], [0, 0, 0, 0])
+    >>> bm.kv_num_blocks[0, 0].tolist(), bm.full_kv_num_blocks[0, 0].tolist()  # head A1
+    ([1, 2, 2, 2], [0, 0, 0, 0])
+    """
+    import torch  # noqa: PLC0415
+    from torch.nn.attention.flex_attention import BlockMask  # noqa: PLC0415
+
+    block_size = check_int("block_size", block_size, 1)
+    _, plan = head_plan(pattern, mode, num_heads)
+    mask_mod = flex_mask_mod(pattern, mode=mode, num_heads=num_heads, impl=impl)
+    lay, full = head_layouts(pattern, block_size, plan)  # (H, nb, nb)
+    partial = lay & ~full
+    kv_num, kv_idx = _ordered(partial)
+    f_num, f_idx = _ordered(full)
+    n = pattern.n
+    return BlockMask.from_kv_blocks(
+        torch.from_numpy(kv_num)[None],
+        torch.from_numpy(kv_idx)[None],
+        torch.from_numpy(f_num)[None],
+        torch.from_numpy(f_idx)[None],
+        BLOCK_SIZE=block_size,
+        mask_mod=mask_mod,
+        seq_lengths=(n, n),
+    )
+
+
+def from_flex_block_mask(
+    block_mask: Any, *, batch: int = 0, name: str = "flex", limit: int = DENSE_LIMIT
+) -> Pattern:
+    """The token-level Pattern a FlexAttention ``BlockMask`` attends.
+
+    Full blocks contribute all their pairs; partial blocks the pairs where the
+    ``mask_mod`` is True (evaluated tile by tile, never on blocks the mask
+    skips). Works for any BlockMask, e.g. one from ``create_block_mask``.
+
+    Parameters
+    ----------
+    block_mask : BlockMask
+    batch : int
+        Which batch entry to read.
+    name : str
+        Name of the returned pattern.
+    limit : int
+        Largest number of mask evaluations (cells of partial tiles) allowed.
+
+    Returns
+    -------
+    Pattern
+        One head per BlockMask head; ``causal`` inferred.
+
+    Examples
+    --------
+    >>> from sparse_patterns import make
+    >>> pat = make("fixed", 16, stride=4, c=1)
+    >>> from_flex_block_mask(to_flex_block_mask(pat, block_size=4)) == pat
+    True
+    """
+    import torch  # noqa: PLC0415
+
+    q_len, kv_len = block_mask.seq_lengths
+    if q_len != kv_len:
+        raise ValueError(f"block_mask: must be square, got seq_lengths {block_mask.seq_lengths}")
+    n = int(q_len)
+    bq, bk = block_mask.BLOCK_SIZE
+    kv_num = block_mask.kv_num_blocks
+    B, H = kv_num.shape[0], kv_num.shape[1]
+    batch = check_int("batch", batch, 0, B - 1)
+    sets = [(block_mask.kv_num_blocks, block_mask.kv_indices, False)]
+    if block_mask.full_kv_num_blocks is not None:
+        sets.append((block_mask.full_kv_num_blocks, block_mask.full_kv_indices, True))
+    nbq = -(-n // bq)
+    cells = sum(int(num[batch, :, :nbq].sum()) for num, _, is_full in sets if not is_full) * bq * bk
+    if cells > limit:
+        raise ValueError(
+            f"block_mask: evaluating the partial blocks needs {cells:,} mask cells; "
+            f"the limit is {limit:,}"
+        )
+    mm = block_mask.mask_mod
+    heads = []
+    b_t = torch.tensor(batch)
+    for h in range(H):
+        h_t = torch.tensor(h)
+        rows_i: list[np.ndarray] = []
+        cols_j: list[np.ndarray] = []
+        for qb in range(nbq):
+            q0, q1 = qb * bq, min((qb + 1) * bq, n)
+            for num, idx, is_full in sets:
+                cnt = int(num[batch, h, qb])
+                for kb in idx[batch, h, qb, :cnt].tolist():
+                    k0, k1 = kb * bk, min((kb + 1) * bk, n)
+                    if k0 >= n:
+                        continue
+                    qs = torch.arange(q0, q1)[:, None]
+                    ks = torch.arange(k0, k1)[None, :]
+                    if is_full:
+                        tile = np.ones((q1 - q0, k1 - k0), dtype=bool)
+                    else:
+                        tile = torch.broadcast_to(mm(b_t, h_t, qs, ks), (q1 - q0, k1 - k0))
+                        tile = tile.numpy()
+                    r, c = np.nonzero(tile)
+                    rows_i.append(r + q0)
+                    cols_j.append(c + k0)
+        r = np.concatenate(rows_i) if rows_i else np.empty(0, dtype=np.int64)
+        c = np.concatenate(cols_j) if cols_j else np.empty(0, dtype=np.int64)
+        m = sp.csr_matrix((np.ones(r.size, dtype=bool), (r, c)), shape=(n, n))
+        heads.append(m)
+    causal = all(not (sp.triu(m, 1).nnz) for m in heads)
+    return Pattern(heads, name=name, causal=causal)
