@@ -128,38 +128,45 @@ def test_hop_colours():
 
 
 # ----------------------------------------------------------- with the real verifier
-needs_verifier = pytest.mark.skipif(
-    not all(hasattr(analysis, k) for k in ("hop_matrix", "verify", "scaling")),
-    reason="sparse_patterns.analysis has no hop_matrix/verify/scaling yet",
+def _hex(c):
+    return tuple(int(c[k:k + 2], 16) for k in (1, 3, 5))
+
+
+@pytest.mark.parametrize(
+    "name, params, kw",
+    [
+        ("strided", dict(stride=4), {}),
+        ("local", dict(window=3), dict(p=2, mode="merged")),
+        ("fixed", dict(stride=4, c=1), dict(residual=False)),
+    ],
 )
+def test_hop_pixels_follow_the_bfs_oracle(name, params, kw):
+    from sparse_patterns.testing import bfs_hops
 
-
-@needs_verifier
-def test_hop_pixels_follow_hop_matrix_strided():
-    pat = sps.make("strided", 16, stride=4)
-    hops = analysis.hop_matrix(pat)
+    pat = sps.make(name, 16, **params)
+    want, _ = bfs_hops(pat.to_dense(), p=kw.get("p"), mode=kw.get("mode", "interleaved"),
+                       residual=kw.get("residual", True), causal=pat.causal)
     fig, ax = _canvas()
-    plot_hops(pat, ax=ax)
+    plot_hops(pat, ax=ax, **kw)
     img = _pixels(fig)
     for i in range(16):
         for j in range(16):
-            assert _close(_cell(ax, img, i, j), {0: BACKGROUND, -1: UNREACHABLE}.get(
-                int(hops[i, j]), None) or tuple(int(hop_color(int(hops[i, j]))[k:k + 2], 16)
-                                               for k in (1, 3, 5))), (i, j)
+            assert _close(_cell(ax, img, i, j), _hex(hop_color(int(want[i, j])))), (i, j)
 
 
-@needs_verifier
 def test_hop_histogram_of_a_real_report_counts_every_target_pair():
     pat = sps.make("strided", 300, stride=17)
     fig, ax = _canvas((6.0, 4.0))
     plot_hops(pat, ax=ax, limit=100)  # above the limit: verify, then bars
-    total = sum(b.get_height() for b in ax.patches)
-    assert total == 300 * 301 // 2  # every pair j <= i is a target
+    heights = [b.get_height() for b in ax.patches]
+    assert sum(heights) == 300 * 301 // 2  # every pair j <= i is a target
+    report = analysis.verify(pat)
+    assert heights == [report.hops[k] for k in sorted(report.hops)]
 
 
-@needs_verifier
 def test_scaling_of_a_real_table():
     t = analysis.scaling("strided", [64, 256, 1024], stride="sqrt")
-    fig, ax = _canvas((6.0, 4.5))
+    fig, ax = _canvas((8.0, 4.5))
     plot_scaling(t, ax=ax)
     np.testing.assert_array_equal(ax.lines[0].get_ydata(), t.max_row)
+    np.testing.assert_array_equal(ax.lines[0].get_xdata(), [64, 256, 1024])

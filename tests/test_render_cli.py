@@ -122,3 +122,81 @@ def test_output_required_and_gallery_exclusive(tmp_path):
     assert res.exit_code == 2 and "output: --output/-o FILE is required" in res.stderr
     res = runner.invoke(app, ["render", "strided", "--gallery", str(tmp_path)])
     assert res.exit_code == 2 and "gallery:" in res.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["strided", "--n", "36", "--stride", "6", "--view", "hops"],
+        ["local", "--n", "36", "--window", "4", "--view", "hops", "--mode", "merged"],
+        ["strided", "--n", "1024", "--view", "hops"],  # above the per-pair limit: a histogram
+        ["strided", "--view", "scaling", "--ns", "64,256,1024", "--stride", "sqrt"],
+        ["factorized", "--view", "scaling", "--ns", "64,512", "--p", "3"],
+    ],
+)
+def test_hops_and_scaling_views(tmp_path, args):
+    out = tmp_path / "fig.svg"
+    res = runner.invoke(app, ["render", *args, "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert out.read_bytes().startswith(MAGIC[".svg"])
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["local", "--n", "36", "--view", "hops", "--mode", "sideways"], "mode"),
+        (["strided", "--n", "36", "--view", "hops", "--mode", "merged", "--ns", "x"], None),
+        (["strided", "--view", "scaling", "--ns", "64,x"], "n: expected comma-separated"),
+        (["--view", "scaling", "--file", "x.npz"], "file: the scaling view"),
+    ],
+)
+def test_hops_and_scaling_bad_input(tmp_path, args, message):
+    out = tmp_path / "fig.png"
+    res = runner.invoke(app, ["render", *args, "-o", str(out)])
+    if message is None:  # --ns is ignored outside the scaling view
+        assert res.exit_code == 0, res.output
+        return
+    assert res.exit_code == 2, res.output
+    err = res.stderr.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_gallery_plan_covers_every_pattern():
+    from sparse_patterns.patterns import REGISTRY
+    from sparse_patterns.render import gallery
+
+    names = [f for f, _ in gallery._plan()]
+    assert {f"matrix_{k}.png" for k in REGISTRY} <= set(names)
+    assert {"paper_figure3.png", "patterns.png", "hops_strided.png", "hops_local.png",
+            "scaling.png"} <= set(names)
+
+
+def test_committed_gallery_is_small():
+    from pathlib import Path
+
+    d = Path(__file__).resolve().parent.parent / "figures"
+    pngs = sorted(d.glob("*.png"))
+    assert len(pngs) >= 15
+    for p in pngs:
+        assert p.stat().st_size < 500_000, p
+    assert sum(p.stat().st_size for p in pngs) < 2_000_000
+
+
+def test_gallery(tmp_path, monkeypatch):
+    # the command end to end on three of the figures (the whole gallery takes ~15 s)
+    from sparse_patterns.render import gallery
+
+    full = gallery._plan()
+    keep = {"paper_figure3.png", "hops_local.png", "matrix_bigbird.png"}
+    monkeypatch.setattr(gallery, "_plan", lambda: [(f, d) for f, d in full if f in keep])
+    d = tmp_path / "figures"
+    res = runner.invoke(app, ["render", "--gallery", str(d)])
+    assert res.exit_code == 0, res.output
+    names = sorted(p.name for p in d.iterdir())
+    assert set(names) == keep
+    assert res.stdout.count("wrote") == 3
+    for p in d.iterdir():
+        assert p.read_bytes().startswith(MAGIC[".png"])
+        assert p.stat().st_size < 500_000, p
+    assert not [k for k in names if k.endswith(".tmp")]
