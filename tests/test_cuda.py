@@ -112,9 +112,14 @@ def test_forward_matches_reference(case, dtype):
     _close(lse, rl, tol, "lse")
 
 
+# float64 on every case; float32 on three (the simulator is slow, the code path is the same)
+BACKWARD = [(c, "float64") for c in CASES] + [
+    (c, "float32") for c in ("strided-merged", "fixed-merged", "random-multihead")
+]
+
+
 @runs_here
-@pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(("case", "dtype"), BACKWARD)
 def test_backward_matches_reference(case, dtype):
     pat, mode, block, B, H, d = CASES[case]
     dt, tol = DTYPES[dtype]
