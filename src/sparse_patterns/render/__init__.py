@@ -20,12 +20,15 @@ from ._style import (
     head_color,
     pattern_title,
 )
+from .analysis import HOP_LIMIT, hop_color, plot_hops, plot_scaling
 from .figure import VIEWS, render_view
+from .gallery import build_gallery, paper_figure
 from .image import check_raster, plot_image_view
 from .matrix import TOKEN_LIMIT, auto_block, block_density, plot_pattern
 
 __all__ = [
-    "plot_pattern", "plot_image_view", "block_density", "auto_block", "check_raster",
+    "plot_pattern", "plot_image_view", "plot_hops", "plot_scaling", "paper_figure",
+    "build_gallery", "hop_color", "HOP_LIMIT", "block_density", "auto_block", "check_raster",
     "pattern_title", "head_color", "combo_color", "HEAD_COLORS", "OKABE_ITO", "BACKGROUND",
     "QUERY_COLOR", "TOKEN_LIMIT", "save_figure", "FORMATS", "render_view", "VIEWS",
 ]

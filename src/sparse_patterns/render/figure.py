@@ -8,6 +8,7 @@ the pattern and its parameters, and returns it; :func:`save_figure` writes it.
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import Any
 
 from .._validate import check_choice, check_int
@@ -116,7 +117,7 @@ def render_view(
 
         fig, ax = plt.subplots(figsize=size or (8.5, 4.5), layout="constrained")
         plot_scaling(table, ax=ax)
-        fig.suptitle(scaling_title(table), fontsize="medium")
+        fig.suptitle(_wrap(scaling_title(table), fig.get_figwidth()), fontsize="medium")
         return fig
     if not isinstance(pattern, Pattern):
         raise ValueError(f"pattern: the {view} view needs a Pattern, got {type(pattern).__name__}")
@@ -148,5 +149,11 @@ def render_view(
         fig, ax = plt.subplots(figsize=size or (5.5, 6.0), layout="constrained")
         plot_hops(pattern, ax=ax, mode=mode, residual=residual)
         title += f"\nhop distance ({mode}, residual={residual})"
-    fig.suptitle(title, fontsize="medium")
+    fig.suptitle(_wrap(title, fig.get_figwidth()), fontsize="medium")
     return fig
+
+
+def _wrap(title: str, width_in: float) -> str:
+    """Wrap each line of a title to fit a figure ``width_in`` inches wide (medium font)."""
+    width = max(30, int(width_in * 11))
+    return "\n".join("\n".join(textwrap.wrap(line, width)) or line for line in title.split("\n"))
