@@ -18,6 +18,8 @@ and interprets the counts.
 
 from __future__ import annotations
 
+import types
+
 import numba
 import numpy as np
 from numba import njit, prange
@@ -25,7 +27,8 @@ from numba import njit, prange
 from ._bits import first_zero, or_run, or_run_extract, popcount, set_bit
 
 __all__ = [
-    "LONG", "count_runs", "fill_runs", "union_runs", "long_index", "hop_kernel",
+    "pick", "SERIAL_BELOW",
+    "LONG", "count_runs", "fill_runs", "union_runs", "union_sizes", "long_index", "hop_kernel",
     "depth_kernel", "block_step", "block_count",
 ]
 
@@ -35,44 +38,69 @@ _ALL = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 # --------------------------------------------------------------------------- runs
-@njit(parallel=True, cache=True)
+@njit(cache=True)
+def _run_end(indices, t, hi):
+    """Last index e in [t, hi) with indices[t..e] consecutive (galloping search)."""
+    v = indices[t]
+    if indices[hi - 1] - v == hi - 1 - t:
+        return hi - 1
+    e = t
+    step = 1
+    while e + step < hi and indices[e + step] - v == e + step - t:
+        e += step
+        step *= 2
+    lo = e
+    top = min(e + step, hi) - 1
+    while lo < top:
+        mid = (lo + top + 1) >> 1
+        if indices[mid] - v == mid - t:
+            lo = mid
+        else:
+            top = mid - 1
+    return lo
+
+
 def count_runs(indptr, indices, n):
     """Number of maximal runs of consecutive columns in each CSR row: int64 (n,)."""
     out = np.zeros(n, np.int64)
     for a in prange(n):
-        lo = indptr[a]
         hi = indptr[a + 1]
+        t = indptr[a]
         c = 0
-        for t in range(lo, hi):
-            if t == lo or indices[t] != indices[t - 1] + 1:
-                c += 1
+        while t < hi:
+            t = _run_end(indices, t, hi) + 1
+            c += 1
         out[a] = c
     return out
 
 
-@njit(parallel=True, cache=True)
 def fill_runs(indptr, indices, n, rptr, rst, rln):
     """Write the runs of every CSR row at ``rptr[a]`` (from :func:`count_runs`)."""
     for a in prange(n):
-        lo = indptr[a]
         hi = indptr[a + 1]
-        q = rptr[a] - 1
-        for t in range(lo, hi):
-            if t == lo or indices[t] != indices[t - 1] + 1:
-                q += 1
-                rst[q] = indices[t]
-                rln[q] = 1
-            else:
-                rln[q] += 1
+        t = indptr[a]
+        q = rptr[a]
+        while t < hi:
+            e = _run_end(indices, t, hi)
+            rst[q] = indices[t]
+            rln[q] = e - t + 1
+            q += 1
+            t = e + 1
 
 
 @njit(cache=True)
-def _merge_row(heads_ptr, rst, rln, n, H, a, ost, oln, write):
-    """Union of row ``a`` over the H stacked heads as maximal runs (H-way merge)."""
+def _merge_row(heads_ptr, rst, rln, n, H, a, ost, oln, what):
+    """Union of row ``a`` over the H stacked heads as maximal runs (H-way merge).
+
+    ``what``: 0 returns the number of runs, 1 also writes them to ost/oln,
+    2 returns the number of positions.
+    """
+    write = what == 1
     pos = np.empty(H, np.int64)
     for h in range(H):
         pos[h] = heads_ptr[h * n + a]
     m = 0
+    size = 0
     cur_s = -1
     cur_e = -1
     while True:
@@ -97,6 +125,7 @@ def _merge_row(heads_ptr, rst, rln, n, H, a, ost, oln, write):
                     ost[m] = cur_s
                     oln[m] = cur_e - cur_s
                 m += 1
+                size += cur_e - cur_s
             cur_s = bs
             cur_e = e
     if cur_s >= 0:
@@ -104,25 +133,32 @@ def _merge_row(heads_ptr, rst, rln, n, H, a, ost, oln, write):
             ost[m] = cur_s
             oln[m] = cur_e - cur_s
         m += 1
-    return m
+        size += cur_e - cur_s
+    return size if what == 2 else m
 
 
-@njit(parallel=True, cache=True)
 def union_runs(heads_ptr, rst, rln, n, H):
     """Runs of the union of H stacked structures: (rptr, rst, rln)."""
     cnt = np.zeros(n, np.int64)
     dummy = np.empty(0, np.int64)
     for a in prange(n):
-        cnt[a] = _merge_row(heads_ptr, rst, rln, n, H, a, dummy, dummy, False)
+        cnt[a] = _merge_row(heads_ptr, rst, rln, n, H, a, dummy, dummy, 0)
     ptr = np.zeros(n + 1, np.int64)
     for a in range(n):
         ptr[a + 1] = ptr[a] + cnt[a]
     ost = np.empty(ptr[n], np.int64)
     oln = np.empty(ptr[n], np.int64)
     for a in prange(n):
-        _merge_row(heads_ptr, rst, rln, n, H, a, ost[ptr[a]:ptr[a + 1]], oln[ptr[a]:ptr[a + 1]],
-                   True)
+        _merge_row(heads_ptr, rst, rln, n, H, a, ost[ptr[a]:ptr[a + 1]], oln[ptr[a]:ptr[a + 1]], 1)
     return ptr, ost, oln
+
+
+def union_sizes(heads_ptr, rst, rln, n, H):
+    """Number of positions in every row of the union of H stacked structures."""
+    out = np.zeros(n, np.int64)
+    for a in prange(n):
+        out[a] = _merge_row(heads_ptr, rst, rln, n, H, a, rst[:0], rln[:0], 2)
+    return out
 
 
 @njit(cache=True)
@@ -263,7 +299,6 @@ def _write_bits(mat, i, bits, hw, value):
             x &= x - _ONE
 
 
-@njit(parallel=True, cache=True)
 def hop_kernel(n, p, step_base, rptr, rst, rln, lptr, lidx, residual, causal, row_lo, row_hi,
                chunk, nthr, want_mat, mat):
     """Exact hop-distance counts for output rows ``[row_lo, row_hi)``.
@@ -395,7 +430,6 @@ def hop_kernel(n, p, step_base, rptr, rst, rln, lptr, lidx, residual, causal, ro
 
 
 # ------------------------------------------------------------------------- depth
-@njit(parallel=True, cache=True)
 def depth_kernel(n, P, step_base, rptr, rst, rln, residual, causal, nthr):
     """Per input position j: the steps every target output needs, or -1 if one never connects.
 
@@ -451,7 +485,6 @@ def depth_kernel(n, P, step_base, rptr, rst, rln, residual, causal, nthr):
 
 
 # ------------------------------------------------------------------- block level
-@njit(parallel=True, cache=True)
 def block_step(nb, bptr, bidx, prev, add_self, keep_prev, out):
     """One step at block level: out[I] = U_{K in B(I)} (prev[K] | {K} if add_self) | prev[I] if keep_prev.
 
@@ -475,7 +508,6 @@ def block_step(nb, bptr, bidx, prev, add_self, keep_prev, out):
                 row[K >> 6] |= _ONE << np.uint64(K & 63)
 
 
-@njit(parallel=True, cache=True)
 def block_count(nb, R, E, causal, write_e):
     """Per block row: target pairs of R not in E (E |= R when write_e), |R| on target, first miss."""
     new = np.zeros(nb, np.int64)
@@ -499,3 +531,32 @@ def block_count(nb, R, E, causal, write_e):
         if h < T:
             miss[I] = first_zero(R[I], T)
     return new, have, miss
+
+
+# ---------------------------------------------------------------- compiled forms
+def _compile(f):
+    """A parallel and a serial compiled form of ``f`` (separate cache entries).
+
+    Every parallel call wakes the thread pool, which costs milliseconds on a
+    busy machine; small inputs take the serial form (``prange`` is ``range``).
+    """
+    name = f.__name__ + "_serial"
+    g = types.FunctionType(f.__code__, f.__globals__, name, f.__defaults__, f.__closure__)
+    g.__qualname__ = name
+    g.__doc__ = f.__doc__
+    return njit(parallel=True, cache=True)(f), njit(cache=True)(g)
+
+
+#: below this many rows the serial forms are used
+SERIAL_BELOW = 2048
+
+_FORMS = {}
+for _f in (count_runs, fill_runs, union_runs, union_sizes, hop_kernel, depth_kernel, block_step, block_count):
+    _FORMS[_f.__name__] = _compile(_f)
+del _f
+
+
+def pick(name, n):
+    """The compiled kernel ``name``: the parallel form for n >= SERIAL_BELOW, else the serial one."""
+    par, ser = _FORMS[name]
+    return par if n >= SERIAL_BELOW else ser

@@ -225,12 +225,13 @@ def _check_common(p, mode, residual, heads):
 # ------------------------------------------------------------------ structures
 def _runs(m: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n = m.shape[0]
-    cnt = K.count_runs(m.indptr, m.indices, n)
-    ptr = np.zeros(n + 1, np.int64)
-    np.cumsum(cnt, out=ptr[1:])
-    rst = np.empty(int(ptr[-1]), np.int64)
-    rln = np.empty(int(ptr[-1]), np.int64)
-    K.fill_runs(m.indptr, m.indices, n, ptr, rst, rln)
+    with numba.parallel_chunksize(max(1, n // 256)):
+        cnt = K.pick("count_runs", n)(m.indptr, m.indices, n)
+        ptr = np.zeros(n + 1, np.int64)
+        np.cumsum(cnt, out=ptr[1:])
+        rst = np.empty(int(ptr[-1]), np.int64)
+        rln = np.empty(int(ptr[-1]), np.int64)
+        K.pick("fill_runs", n)(m.indptr, m.indices, n, ptr, rst, rln)
     return ptr, rst, rln
 
 
@@ -249,7 +250,7 @@ def _union_of(parts, n):
     if len(parts) == 1:
         return parts[0]
     rptr, rst, rln = _stack(parts)
-    return K.union_runs(rptr, rst, rln, n, len(parts))
+    return K.pick("union_runs", n)(rptr, rst, rln, n, len(parts))
 
 
 def _row_sizes(ptr: np.ndarray, rln: np.ndarray) -> np.ndarray:
@@ -258,16 +259,24 @@ def _row_sizes(ptr: np.ndarray, rln: np.ndarray) -> np.ndarray:
     return csum[ptr[1:]] - csum[ptr[:-1]]
 
 
-def _counts(pat: Pattern):
-    """Row counts ``(heads + 1, n)`` with the union's from runs (no CSR union built)."""
+def _counts(pat: Pattern, want_union: bool = True):
+    """Row counts ``(heads + 1, n)`` (the union's from runs, no CSR union), head runs, union runs.
+
+    The union's runs are built only when ``want_union`` (else None).
+    """
     n = pat.n
     heads = pat.heads
     parts = [_runs(h) for h in heads]
-    uni = _union_of(parts, n)
     counts = np.empty((len(heads) + 1, n), dtype=np.int64)
     for k, h in enumerate(heads):
         counts[k] = np.diff(h.indptr)
-    counts[-1] = _row_sizes(uni[0], uni[2])
+    uni = None
+    if want_union or len(parts) == 1:
+        uni = _union_of(parts, n)
+        counts[-1] = _row_sizes(uni[0], uni[2])
+    else:
+        rptr, rst, rln = _stack(parts)
+        counts[-1] = K.pick("union_sizes", n)(rptr, rst, rln, n, len(parts))
     return counts, parts, uni
 
 
@@ -339,19 +348,21 @@ def _hop_counts(st: _Steps, p: int, residual: bool, causal: bool, progress, mat=
     n = st.n
     want = mat is not None
     out_mat = mat if want else np.zeros((1, 1), np.int32)
-    nb = 1 if (n < 8192 or want) else 16
-    edges = np.linspace(0, n, nb + 1).round().astype(np.int64)
+    bar = _Bar(n, progress, "verifying")
+    # every parallel call costs a thread wake-up, so split the rows only when a bar may show
+    nb = 8 if (bar.allowed and n >= 8192 and not want) else 1
+    # causal rows cost about i: equal-work batches have edges at n * sqrt(b / nb)
+    edges = (n * np.sqrt(np.arange(nb + 1) / nb)).round().astype(np.int64)
     hops = np.zeros(p + 1, np.int64)
     miss1 = miss2 = 0
     bad1 = bad2 = None
-    bar = _Bar(n, progress, "verifying")
     try:
         with numba.parallel_chunksize(1):
             for b in range(nb):
                 lo, hi = int(edges[b]), int(edges[b + 1])
                 if hi <= lo:
                     continue
-                h, m1, m2, bad = K.hop_kernel(
+                h, m1, m2, bad = K.pick("hop_kernel", n)(
                     n, p, st.step_base, st.rptr, st.rst, st.rln, st.lptr, st.lidx, residual,
                     causal, lo, hi, _chunk(n), _nthreads(), want, out_mat,
                 )
@@ -403,7 +414,7 @@ def _depth(pat: Pattern, p: int, mode: str, residual: bool, parts, want: bool | 
         stack = _stack([_union_of(tparts, n)])
         base = np.zeros(1, dtype=np.int64)
     with numba.parallel_chunksize(1):
-        per = K.depth_kernel(n, P, base, stack[0], stack[1], stack[2], residual, pat.causal,
+        per = K.pick("depth_kernel", n)(n, P, base, stack[0], stack[1], stack[2], residual, pat.causal,
                              _nthreads())
     if (per < 0).any():
         return None, True
@@ -500,7 +511,7 @@ def verify(
     if sum(int(h.nnz) for h in heads) == 0:
         raise ValueError("pattern: every head is empty (nnz = 0); nothing to verify")
     n = pat.n
-    counts, parts, uni = _counts(pat)
+    counts, parts, uni = _counts(pat, want_union=mode != "interleaved")
     st = _steps(parts if mode == "interleaved" else [uni], p, mode, n)
     hops, miss1, miss2, bad1, bad2 = _hop_counts(st, p, residual, pat.causal, progress)
     c1 = miss1 == 0
@@ -717,10 +728,10 @@ def _block_reach(mats, p, residual, causal, singles):
     have = miss = None
     for k in range(1, p + 1):
         bptr, bidx = mats[k - 1]
-        K.block_step(nb, bptr, bidx, prev, k == 1 or residual, residual, cur)
+        K.pick("block_step", nb)(nb, bptr, bidx, prev, k == 1 or residual, residual, cur)
         if k == 1 and residual and singles.size:
             cur[singles, singles >> 6] |= np.left_shift(np.uint64(1), (singles & 63).astype(np.uint64))
-        new, have, miss = K.block_count(nb, cur, E, causal, True)
+        new, have, miss = K.pick("block_count", nb)(nb, cur, E, causal, True)
         hops[k] = new.sum()
         prev, cur = cur, prev
     return hops, have, miss, E
@@ -765,7 +776,7 @@ def _verify_blocks(bl: BlockLayout, *, p, mode, residual) -> VerifyReport:
     if rows.size:
         bad1 = (int(rows[0]), int(miss[rows[0]]))
     if miss2:
-        _, ehave, emiss = K.block_count(nb, E, np.zeros_like(E), causal, False)
+        _, ehave, emiss = K.pick("block_count", nb)(nb, E, np.zeros_like(E), causal, False)
         rows = np.flatnonzero(ehave < T)
         bad2 = (int(rows[0]), int(emiss[rows[0]]))
     fmiss1 = int((T - fhave).sum())

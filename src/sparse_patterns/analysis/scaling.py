@@ -128,7 +128,7 @@ def scaling(name: str, ns: Sequence[int], **params: Any) -> ScalingTable:
     names: list[str] = []
     for n in ns:
         pat = registry.make(name, n, **params)
-        counts, _, _ = _counts(pat)
+        counts, _, _ = _counts(pat, want_union=False)
         p = pat.num_heads
         names = list(pat.head_names)
         mx.append(int(counts[-1].max()))
