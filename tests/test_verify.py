@@ -98,7 +98,7 @@ def test_explain_paths_are_valid_and_shortest(case):
                 continue
             assert e.hops == hm[i, j] == len(e.path) - 1
             assert e.path[0] == j and e.path[-1] == i
-            for s, (a, b) in enumerate(zip(e.path, e.path[1:])):
+            for s, (a, b) in enumerate(zip(e.path[:-1], e.path[1:], strict=True)):
                 if e.steps[s] == "residual":
                     assert residual and a == b
                 else:
