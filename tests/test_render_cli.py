@@ -200,3 +200,20 @@ def test_gallery(tmp_path, monkeypatch):
         assert p.read_bytes().startswith(MAGIC[".png"])
         assert p.stat().st_size < 500_000, p
     assert not [k for k in names if k.endswith(".tmp")]
+
+
+def test_render_from_file(tmp_path):
+    import sparse_patterns as sps
+
+    src = tmp_path / "fixed.npz"
+    sps.save(sps.make("fixed", 36, stride=6, c=1), src)
+    out = tmp_path / "fixed.svg"
+    res = runner.invoke(app, ["render", "--file", str(src), "--view", "image", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    text = out.read_text()
+    assert "fixed(stride=6, c=1, summary_heads=1, causal=True)," in text  # the title, wrapped
+    assert "n=36" in text and "output i = 28 on a 6 x 6 raster" in text
+    res = runner.invoke(app, ["render", "--file", str(tmp_path / "none.npz"), "-o",
+                              str(tmp_path / "x.png")])
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.png").exists()
