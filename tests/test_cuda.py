@@ -267,7 +267,7 @@ def test_without_numba_cuda_the_error_names_it(monkeypatch):
         kc.forward(x, x, x, plan(sps.make("full", 8), block=4))
 
 
-_NO_GPU = """
+_REAL = """
 import numpy as np, sparse_patterns as sps
 from sparse_patterns.kernels import cuda as kc
 from numba import cuda
@@ -281,6 +281,13 @@ else:
     except kc.CudaUnavailableError as e:
         print(type(e).__name__, isinstance(e, ValueError), isinstance(e, RuntimeError))
         print(e)
+try:
+    for dt in ("float32", "float64"):
+        ptx = kc.ptx(block=40, d=4, dtype=dt)
+        assert all(".entry" in text for text in ptx.values()), dt
+    print("PTX-OK")
+except kc.CudaUnavailableError as e:
+    print("NO-NVVM", e)
 """
 
 
@@ -290,17 +297,31 @@ def _clean_env(**extra):
     return env
 
 
-def test_without_a_gpu_the_error_names_it():
-    """A fresh process with numba-cuda, no simulator: no GPU here gives a one-line reason."""
-    r = subprocess.run([sys.executable, "-c", _NO_GPU], capture_output=True, text=True,
-                       env=_clean_env(NUMBA_ENABLE_CUDASIM="0"), timeout=300)
-    assert r.returncode == 0, r.stderr
-    if "HAS-GPU" in r.stdout:  # pragma: no cover - only on a machine with a GPU
+@pytest.fixture(scope="module")
+def real_numba_cuda():
+    """stdout lines of a fresh process that imports the real numba-cuda (no simulator)."""
+    r = subprocess.run([sys.executable, "-c", _REAL], capture_output=True, text=True,
+                       env=_clean_env(NUMBA_ENABLE_CUDASIM="0"), timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout.strip().splitlines()
+
+
+def test_without_a_gpu_the_error_names_it(real_numba_cuda):
+    """The real numba-cuda and no GPU here: a one-line error that says so and what to do."""
+    lines = real_numba_cuda
+    if lines[0] == "HAS-GPU":  # pragma: no cover - only on a machine with a GPU
         return
-    lines = r.stdout.strip().splitlines()
     assert lines[0] == "none"
     assert lines[1] == "CudaUnavailableError True True"
     assert "impl='cuda' needs a CUDA GPU" in lines[2] and "NUMBA_ENABLE_CUDASIM=1" in lines[2]
+
+
+def test_kernels_compile_to_ptx_for_a_real_gpu(real_numba_cuda):
+    """The simulator runs Python; this checks the same kernels type and lower in numba-cuda."""
+    last = real_numba_cuda[-1]
+    if last.startswith("NO-NVVM"):
+        pytest.skip("NVVM/NVRTC libraries not installed (nvidia-nvvm, nvidia-cuda-nvrtc)")
+    assert last == "PTX-OK"
 
 
 @pytest.mark.skipif(BACKEND != "none", reason="the tests above ran in this process")

@@ -224,11 +224,14 @@ def _kernels(BLOCK: int, D: int, KS: int, fp64: bool) -> SimpleNamespace:  # noq
                 cuda.syncthreads()
                 if active:
                     cm = m
+                    word = 0
                     for kx in range(nk):
                         cc = x0 + kx
                         keep = True
                         if mi >= 0:
-                            keep = ((masks[mi, r, cc >> 5] >> (cc & 31)) & 1) != 0
+                            if kx == 0 or (cc & 31) == 0:  # this row's next 32 mask bits
+                                word = masks[mi, r, cc >> 5]
+                            keep = ((word >> (cc & 31)) & 1) != 0
                         s = NEG
                         if keep:
                             s = ZERO
@@ -338,11 +341,14 @@ def _kernels(BLOCK: int, D: int, KS: int, fp64: bool) -> SimpleNamespace:  # noq
                     e += BLOCK
                 cuda.syncthreads()
                 if active and L > NEG:
+                    word = 0
                     for kx in range(nk):
                         cc = x0 + kx
                         keep = True
                         if mi >= 0:
-                            keep = ((masks[mi, r, cc >> 5] >> (cc & 31)) & 1) != 0
+                            if kx == 0 or (cc & 31) == 0:
+                                word = masks[mi, r, cc >> 5]
+                            keep = ((word >> (cc & 31)) & 1) != 0
                         if keep:
                             s = ZERO
                             dp = ZERO
