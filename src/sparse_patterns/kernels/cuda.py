@@ -501,8 +501,11 @@ class _Args:
             self.dtype = first.dtype
             fp64 = first.dtype == torch.float64
             cdt = torch.float64 if fp64 else torch.float32
-            self.stream = c.external_stream(torch.cuda.current_stream(first.device).cuda_stream)
-            self.dev = {k: c.as_cuda_array(a.detach().to(cdt).contiguous())
+            # launch on torch's current stream (0: the legacy default stream, numba's default
+            # too), so the inputs are ready without a host synchronization (sync=False)
+            ptr = torch.cuda.current_stream(first.device).cuda_stream
+            self.stream = c.external_stream(ptr) if ptr else 0
+            self.dev = {k: c.as_cuda_array(a.detach().to(cdt).contiguous(), sync=False)
                         for k, a in arrays.items()}
             self.device_key = ("torch", first.device.index)
         else:
@@ -519,7 +522,7 @@ class _Args:
         if self.torch is not None:
             t = self.torch.empty(shape, dtype=self.torch.float64 if self.fp64 else self.torch.float32,
                                  device=self.device)
-            return t, _cuda().as_cuda_array(t)
+            return t, _cuda().as_cuda_array(t, sync=False)
         a = _cuda().device_array(shape, dtype=self.np_dtype, stream=self.stream)
         return a, a
 
