@@ -108,7 +108,7 @@ def _family_rules(pattern: Pattern) -> list[Rule] | None:
     if name == "bigbird":
         b = p["block"]
         bl = pattern.to_blocks(b)
-        tables = torch.from_numpy(np.ascontiguousarray(bl.layout))  # (3, nb, nb)
+        tables = torch.from_numpy(np.array(bl.layout))  # (3, nb, nb), a writable copy
         return [
             _causal(lambda q, kv, t=tables[h]: t[q // b, kv // b], causal)
             for h in range(tables.shape[0])
