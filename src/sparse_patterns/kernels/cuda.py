@@ -184,11 +184,12 @@ def _kernels(BLOCK: int, D: int, KS: int, fp64: bool) -> SimpleNamespace:  # noq
     @c.jit
     def forward(q, k, v, out, lse, scale, p, g, G, Hg, nb, qperm, kperm, tile_ptr,
                 tile_col, tile_mask, masks):  # pragma: no cover - device code
-        """One block per (query tile I, batch b x head h of group g); thread r = query row."""
+        """One block per (batch b, head h of group g, query tile I); thread r = query row."""
         B, H, n, d = q.shape
-        I = cuda.blockIdx.x
-        b = cuda.blockIdx.y // Hg
-        h = g + G * (cuda.blockIdx.y % Hg)
+        I = cuda.blockIdx.x % nb  # a 1-D grid: (b, head of the group, tile) flattened
+        bh = cuda.blockIdx.x // nb
+        b = bh // Hg
+        h = g + G * (bh % Hg)
         r = cuda.threadIdx.x
         ksh = cuda.shared.array((KS, D), dt)
         vsh = cuda.shared.array((KS, D), dt)
@@ -302,9 +303,10 @@ def _kernels(BLOCK: int, D: int, KS: int, fp64: bool) -> SimpleNamespace:  # noq
                     tile_ptr, tile_col, tile_mask, masks):  # pragma: no cover - device code
         """dq += scale * sum_j p_ij (dp_ij - delta_i) k_j over the piece; thread = query row."""
         B, H, n, d = q.shape
-        I = cuda.blockIdx.x
-        b = cuda.blockIdx.y // Hg
-        h = g + G * (cuda.blockIdx.y % Hg)
+        I = cuda.blockIdx.x % nb  # a 1-D grid: (b, head of the group, tile) flattened
+        bh = cuda.blockIdx.x // nb
+        b = bh // Hg
+        h = g + G * (bh % Hg)
         r = cuda.threadIdx.x
         ksh = cuda.shared.array((KS, D), dt)
         vsh = cuda.shared.array((KS, D), dt)
@@ -368,9 +370,10 @@ def _kernels(BLOCK: int, D: int, KS: int, fp64: bool) -> SimpleNamespace:  # noq
                       masks):  # pragma: no cover - device code
         """dk, dv of one key tile J over the query tiles of its column; thread = key."""
         B, H, n, d = q.shape
-        J = cuda.blockIdx.x
-        b = cuda.blockIdx.y // Hg
-        h = g + G * (cuda.blockIdx.y % Hg)
+        J = cuda.blockIdx.x % nb  # a 1-D grid: (b, head of the group, tile) flattened
+        bh = cuda.blockIdx.x // nb
+        b = bh // Hg
+        h = g + G * (bh % Hg)
         cl = cuda.threadIdx.x
         qsh = cuda.shared.array((KS, D), dt)
         dosh = cuda.shared.array((KS, D), dt)
@@ -695,7 +698,7 @@ def run_forward(qd, kd, vd, out, lse, plan, scale, args) -> None:
     K.init_fwd[(rows + 127) // 128, 128, st](out, lse)
     nb = plan.nb
     for p, g, Hg in _launches(plan, H):
-        K.forward[(nb, B * Hg), block, st](
+        K.forward[nb * B * Hg, block, st](
             qd, kd, vd, out, lse, scale, p, g, plan.num_groups, Hg, nb, dp.qperm, dp.kperm,
             dp.tile_ptr, dp.tile_col, dp.tile_mask, dp.masks)
 
@@ -760,10 +763,10 @@ def run_backward(qd, kd, vd, od, lsed, dod, delta, dq, dk, dv, plan, scale, args
     nb = plan.nb
     G = plan.num_groups
     for p, g, Hg in _launches(plan, H):
-        K.backward_dq[(nb, B * Hg), block, st](
+        K.backward_dq[nb * B * Hg, block, st](
             qd, kd, vd, dod, lsed, delta, dq, scale, p, g, G, Hg, nb, dp.qperm, dp.kperm,
             dp.tile_ptr, dp.tile_col, dp.tile_mask, dp.masks)
-        K.backward_dkdv[(nb, B * Hg), block, st](
+        K.backward_dkdv[nb * B * Hg, block, st](
             qd, kd, vd, dod, lsed, delta, dk, dv, scale, p, g, G, Hg, nb, dp.qperm, dp.kperm,
             dp.tile_row, dp.tile_mask, dp.col_ptr, dp.col_tile, dp.masks)
 
