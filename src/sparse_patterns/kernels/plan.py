@@ -496,6 +496,13 @@ class ExecutionPlan:
             self._cols = (_freeze(ptr), _freeze(order))
         return self._cols
 
+    def tile_rows(self) -> np.ndarray:
+        """``int64 (T,)``: the query block ``I`` of every tile (expanded from ``tile_ptr``)."""
+        nb = self.nb
+        return np.tile(np.arange(nb, dtype=np.int64), self.num_pieces).repeat(
+            np.diff(self.tile_ptr)
+        ) if self.num_pieces else np.empty(0, np.int64)
+
     def describe(self) -> dict[str, Any]:
         """A JSON-friendly summary (pieces, tiles, FLOP ratio)."""
         return {
