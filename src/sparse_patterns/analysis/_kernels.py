@@ -485,6 +485,28 @@ def depth_kernel(n, P, step_base, rptr, rst, rln, residual, causal, nthr):
 
 
 # ------------------------------------------------------------------- block level
+def bool_csr(lay):
+    """CSR (ptr, idx) of a square bool matrix, row by row."""
+    nb = lay.shape[0]
+    cnt = np.zeros(nb, np.int64)
+    for I in prange(nb):
+        c = 0
+        for J in range(lay.shape[1]):
+            c += lay[I, J]
+        cnt[I] = c
+    ptr = np.zeros(nb + 1, np.int64)
+    for I in range(nb):
+        ptr[I + 1] = ptr[I] + cnt[I]
+    idx = np.empty(ptr[nb], np.int64)
+    for I in prange(nb):
+        q = ptr[I]
+        for J in range(lay.shape[1]):
+            if lay[I, J]:
+                idx[q] = J
+                q += 1
+    return ptr, idx
+
+
 def block_step(nb, bptr, bidx, prev, add_self, keep_prev, out):
     """One step at block level: out[I] = U_{K in B(I)} (prev[K] | {K} if add_self) | prev[I] if keep_prev.
 
@@ -551,7 +573,7 @@ def _compile(f):
 SERIAL_BELOW = 2048
 
 _FORMS = {}
-for _f in (count_runs, fill_runs, union_runs, union_sizes, hop_kernel, depth_kernel, block_step, block_count):
+for _f in (bool_csr, count_runs, fill_runs, union_runs, union_sizes, hop_kernel, depth_kernel, block_step, block_count):
     _FORMS[_f.__name__] = _compile(_f)
 del _f
 

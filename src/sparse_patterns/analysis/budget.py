@@ -114,7 +114,9 @@ def block_budgets(layout: BlockLayout, p: int | None = None) -> list[HeadBudget]
     names = [f"A{h + 1}" for h in range(layout.num_heads)] + ["union"]
     out = []
     for name, lay in zip(names, lays, strict=True):
-        cols = lay.astype(np.int64) @ sizes  # (nb,) columns attended by each block row
+        # (nb,) columns attended by each block row; only the last block may be short
+        cols = np.count_nonzero(lay, axis=1).astype(np.int64) * block
+        cols -= (block - sizes[-1]) * lay[:, -1]
         nnz = int(cols @ sizes)
         out.append(
             HeadBudget(

@@ -710,11 +710,7 @@ def explain(
 
 # ------------------------------------------------------------------- block level
 def _block_csr(lay: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    nb = lay.shape[0]
-    ptr = np.zeros(nb + 1, np.int64)
-    np.cumsum(lay.sum(axis=1), out=ptr[1:])
-    idx = np.nonzero(lay)[1].astype(np.int64)
-    return ptr, idx
+    return K.pick("bool_csr", lay.shape[0])(np.ascontiguousarray(lay))
 
 
 def _block_reach(mats, p, residual, causal, singles):
@@ -747,7 +743,10 @@ def _verify_blocks(bl: BlockLayout, *, p, mode, residual) -> VerifyReport:
     if not bl.layout.any():
         raise ValueError("pattern: every head of the block layout is empty; nothing to verify")
     any_set = bl.layout.any(axis=0)
-    causal = not np.triu(any_set, 1).any()
+    rows = np.flatnonzero(any_set.any(axis=1))
+    # causal when no block lies above the diagonal: the last set block of every row is <= the row
+    last = any_set.shape[1] - 1 - np.argmax(any_set[rows, ::-1], axis=1)
+    causal = bool((last <= rows).all())
     if mode == "interleaved":
         sets = [bl.layout[h] for h in range(p)]
         fulls = [bl.full[h] for h in range(p)]
@@ -759,14 +758,19 @@ def _verify_blocks(bl: BlockLayout, *, p, mode, residual) -> VerifyReport:
     singles = np.flatnonzero(sizes == 1).astype(np.int64)
     cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
-    def csr(a):
-        key = id(a)
-        if key not in cache:
-            cache[key] = _block_csr(a)
-        return cache[key]
+    def csr(k, a):
+        if k not in cache:
+            cache[k] = _block_csr(a)
+        return cache[k]
 
-    hops, have, miss, E = _block_reach([csr(a) for a in sets], p, residual, causal, singles)
-    fh, fhave, _, fE = _block_reach([csr(a) for a in fulls], p, residual, causal, singles)
+    if mode == "interleaved":
+        set_mats = [csr(("set", h), sets[h]) for h in range(p)]
+        full_mats = [csr(("full", h), fulls[h]) for h in range(p)]
+    else:
+        set_mats = [csr("set", sets[0])] * p
+        full_mats = [csr("full", fulls[0])] * p
+    hops, have, miss, E = _block_reach(set_mats, p, residual, causal, singles)
+    fh, fhave, _, fE = _block_reach(full_mats, p, residual, causal, singles)
     T = np.arange(1, nb + 1, dtype=np.int64) if causal else np.full(nb, nb, np.int64)
     targets = int(T.sum())
     miss1 = int((T - have).sum())
