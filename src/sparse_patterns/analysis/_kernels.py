@@ -3,7 +3,7 @@
 Connectivity matrices are stored as **runs**: every row is a sorted list of
 maximal runs of consecutive columns ``[start, start + length)``. Several
 matrices ("structures") are stacked: row ``a`` of structure ``s`` has runs
-``rptr[s * n + a] .. rptr[s * n + a + 1]``. ``lptr``/``lidx`` index the long
+``rptr[s * n + a] .. rptr[s * n + a + 1]``. ``lptr``/``lst``/``lln`` copy the long
 runs (``length >= LONG``) of every row, so a union can OR the long runs of a
 whole layer first and stop as soon as the row is complete.
 
@@ -162,8 +162,12 @@ def union_sizes(heads_ptr, rst, rln, n, H):
 
 
 @njit(cache=True)
-def long_index(rptr, rln, rows):
-    """Per-row index of the runs with ``length >= LONG``: (lptr, lidx)."""
+def long_index(rptr, rst, rln, rows):
+    """The runs with ``length >= LONG`` of every row, copied compactly: (lptr, lst, lln).
+
+    Pass 1 of a union reads only these small arrays, which stay in cache while
+    the rows it visits are scattered.
+    """
     lptr = np.zeros(rows + 1, np.int64)
     for r in range(rows):
         c = 0
@@ -171,13 +175,15 @@ def long_index(rptr, rln, rows):
             if rln[q] >= LONG:
                 c += 1
         lptr[r + 1] = lptr[r] + c
-    lidx = np.empty(lptr[rows], np.int64)
+    lst = np.empty(lptr[rows], np.int64)
+    lln = np.empty(lptr[rows], np.int64)
     m = 0
     for q in range(rptr[rows]):
         if rln[q] >= LONG:
-            lidx[m] = q
+            lst[m] = rst[q]
+            lln[m] = rln[q]
             m += 1
-    return lptr, lidx
+    return lptr, lst, lln
 
 
 # ------------------------------------------------------------------ token kernel
@@ -234,21 +240,27 @@ def _new_elements(rptr, rst, rln, rprev, rcur, out):
 
 
 @njit(cache=True)
-def _bottom(bits, cnt, T, lst, m, base, rptr, rst, rln, lptr, lidx, residual):
+def _bottom(bits, cnt, T, lst, m, base, rptr, rst, rln, lptr, lst_, lln_, residual):
     """bits |= U_{a in lst} (row a of the structure at ``base``, plus a if residual).
 
-    Long runs of every row first, then the rest; stops once ``cnt == T``.
+    Exact in any order; the order only decides how soon ``cnt == T`` stops it:
+    the long runs of every row first, then the positions a themselves, then the
+    short runs, the last listed (for a causal pattern, the nearest) rows first.
     """
     if cnt >= T:
         return cnt
-    for t in range(m):
+    for t in range(m - 1, -1, -1):
         a = lst[t]
         for q in range(lptr[base + a], lptr[base + a + 1]):
-            r = lidx[q]
-            cnt += or_run(bits, rst[r], rln[r])
+            cnt += or_run(bits, lst_[q], lln_[q])
         if cnt >= T:
             return cnt
-    for t in range(m):
+    if residual:
+        for t in range(m):
+            cnt += set_bit(bits, lst[t])
+        if cnt >= T:
+            return cnt
+    for t in range(m - 1, -1, -1):
         a = lst[t]
         for r in range(rptr[base + a], rptr[base + a + 1]):
             ln = rln[r]
@@ -256,15 +268,14 @@ def _bottom(bits, cnt, T, lst, m, base, rptr, rst, rln, lptr, lidx, residual):
                 cnt += set_bit(bits, rst[r])
             elif ln < LONG:
                 cnt += or_run(bits, rst[r], ln)
-        if residual:
-            cnt += set_bit(bits, a)
         if cnt >= T:
             return cnt
     return cnt
 
 
 @njit(cache=True)
-def _expand(bits, cnt, T, lst, m, k, step_base, rptr, rst, rln, lptr, lidx, residual, D, X, Y):
+def _expand(bits, cnt, T, lst, m, k, step_base, rptr, rst, rln, lptr, lst_, lln_, residual, D, X,
+            Y):
     """bits |= U_{a in lst} R_{k-1}(a) for k >= 2, one deduplicated layer per step."""
     cur = lst
     cm = m
@@ -285,7 +296,8 @@ def _expand(bits, cnt, T, lst, m, k, step_base, rptr, rst, rln, lptr, lidx, resi
         cur = nxt
         cm = nm
         use_x = not use_x
-    return _bottom(bits, cnt, T, cur, cm, step_base[0], rptr, rst, rln, lptr, lidx, residual)
+    return _bottom(bits, cnt, T, cur, cm, step_base[0], rptr, rst, rln, lptr, lst_, lln_,
+                   residual)
 
 
 @njit(cache=True)
@@ -299,7 +311,7 @@ def _write_bits(mat, i, bits, hw, value):
             x &= x - _ONE
 
 
-def hop_kernel(n, p, step_base, rptr, rst, rln, lptr, lidx, residual, causal, row_lo, row_hi,
+def hop_kernel(n, p, step_base, rptr, rst, rln, lptr, lst_, lln_, residual, causal, row_lo, row_hi,
                chunk, nthr, want_mat, mat):
     """Exact hop-distance counts for output rows ``[row_lo, row_hi)``.
 
@@ -376,7 +388,7 @@ def hop_kernel(n, p, step_base, rptr, rst, rln, lptr, lidx, residual, causal, ro
                     bcnt[k] = 0
                     m = _emit_row(rptr, rst, rln, base + i, L0)
                 bcnt[k] = _expand(Bk, bcnt[k], T, L0, m, k, step_base, rptr, rst, rln, lptr,
-                                  lidx, residual, D, X, Y)
+                                  lst_, lln_, residual, D, X, Y)
                 valid[k] = True
                 new = 0
                 if residual:

@@ -289,7 +289,8 @@ class _Steps:
     rst: np.ndarray
     rln: np.ndarray
     lptr: np.ndarray
-    lidx: np.ndarray
+    lst: np.ndarray
+    lln: np.ndarray
     step_base: np.ndarray  # int64 (p,): structure index * n of every step
 
 
@@ -301,8 +302,8 @@ def _steps(parts, p: int, mode: str, n: int) -> _Steps:
         used = [_union_of(parts, n)]
         base = np.zeros(p, dtype=np.int64)
     rptr, rst, rln = _stack(used)
-    lptr, lidx = K.long_index(rptr, rln, len(used) * n)
-    return _Steps(n, rptr, rst, rln, lptr, lidx, base)
+    lptr, lst, lln = K.long_index(rptr, rst, rln, len(used) * n)
+    return _Steps(n, rptr, rst, rln, lptr, lst, lln, base)
 
 
 def _nthreads() -> int:
@@ -363,7 +364,7 @@ def _hop_counts(st: _Steps, p: int, residual: bool, causal: bool, progress, mat=
                 if hi <= lo:
                     continue
                 h, m1, m2, bad = K.pick("hop_kernel", n)(
-                    n, p, st.step_base, st.rptr, st.rst, st.rln, st.lptr, st.lidx, residual,
+                    n, p, st.step_base, st.rptr, st.rst, st.rln, st.lptr, st.lst, st.lln, residual,
                     causal, lo, hi, _chunk(n), _nthreads(), want, out_mat,
                 )
                 hops += h.sum(axis=0)
