@@ -812,10 +812,11 @@ def attention(q: Any, k: Any, v: Any, pattern, *, mode: str = "multihead",
     ...     print("ValueError")
     ValueError
     """
-    from .._validate import check_int
+    from .._validate import check_bool, check_int
     from .plan import plan as make_plan
 
     block = check_int("block", block, 1, MAX_BLOCK)
+    return_lse = check_bool("return_lse", return_lse)
     pl = make_plan(pattern, block=block, mode=mode)
     out, lse = forward(q, k, v, pl, scale=scale)
     return (out, lse) if return_lse else out
