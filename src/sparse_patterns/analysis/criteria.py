@@ -315,16 +315,20 @@ def _chunk(n: int) -> int:
 
 
 class _Bar:
-    """A rich progress bar that appears only after ``delay`` seconds on a terminal."""
+    """A rich progress bar (units: equal-work batches) shown after ``delay`` seconds on a terminal."""
 
     def __init__(self, total: int, progress: bool | None, label: str, delay: float = 1.0):
         self.total = total
-        self.allowed = progress is True or (progress is None and sys.stdout.isatty())
+        self.allowed = self.may_show(progress)
         self.delay = 0.0 if progress is True else delay
         self.start = time.perf_counter()
         self.bar = None
         self.task = None
         self.label = label
+
+    @staticmethod
+    def may_show(progress: bool | None) -> bool:
+        return progress is True or (progress is None and sys.stdout.isatty())
 
     def update(self, done: int) -> None:
         if not self.allowed or done >= self.total:
@@ -349,9 +353,9 @@ def _hop_counts(st: _Steps, p: int, residual: bool, causal: bool, progress, mat=
     n = st.n
     want = mat is not None
     out_mat = mat if want else np.zeros((1, 1), np.int32)
-    bar = _Bar(n, progress, "verifying")
     # every parallel call costs a thread wake-up, so split the rows only when a bar may show
-    nb = 8 if (bar.allowed and n >= 8192 and not want) else 1
+    nb = 8 if (_Bar.may_show(progress) and n >= 8192 and not want) else 1
+    bar = _Bar(nb, progress, "verifying")
     # causal rows cost about i: equal-work batches have edges at n * sqrt(b / nb)
     edges = (n * np.sqrt(np.arange(nb + 1) / nb)).round().astype(np.int64)
     hops = np.zeros(p + 1, np.int64)
@@ -378,7 +382,7 @@ def _hop_counts(st: _Steps, p: int, residual: bool, causal: bool, progress, mat=
                     w = np.flatnonzero(bad[:, 2] >= 0)
                     if w.size:
                         bad2 = (int(bad[w[0], 2]), int(bad[w[0], 3]))
-                bar.update(hi)
+                bar.update(b + 1)
     finally:
         bar.close()
     return hops, miss1, miss2, bad1, bad2
