@@ -57,11 +57,24 @@ def test_mask_mod_equals_dense_oracle(name, params, impl):
     pat = make(name, n, **params)
     ref = dense_oracle(name, n, **pat.params)  # (p, n, n), from the definitions
     p = ref.shape[0]
-    mm = flex_mask_mod(pat, impl=impl, num_heads=p + 1)
+    mm = flex_mask_mod(pat, impl=impl, num_heads=p + 1, block_size=8)
     for h in range(p + 1):  # head p wraps to pattern head 0
         np.testing.assert_array_equal(_eval_mask(mm, n, h), ref[h % p], err_msg=f"head {h}")
-    merged = flex_mask_mod(pat, mode="merged", impl=impl)
+    merged = flex_mask_mod(pat, mode="merged", impl=impl, block_size=16)
     np.testing.assert_array_equal(_eval_mask(merged, n, 0), ref.any(axis=0))
+
+
+def test_binary_search_fallback(monkeypatch):
+    """Above TILE_BITS_LIMIT the csr mask_mod binary-searches the CSR rows."""
+    from sparse_patterns.export import flex as flex_mod
+
+    monkeypatch.setattr(flex_mod, "TILE_BITS_LIMIT", 0)
+    pat = make("longformer", 45, window=4, global_tokens=2, dilation=2)
+    ref = pat.to_dense()
+    mm = flex_mask_mod(pat, impl="csr", block_size=8)
+    for h in range(2):
+        np.testing.assert_array_equal(_eval_mask(mm, 45, h), ref[h])
+    assert from_flex_block_mask(to_flex_block_mask(pat, impl="csr", block_size=8)) == pat
 
 
 def test_formula_used_for_families_and_bigbird():

@@ -7,10 +7,10 @@ dense n x n mask; and the way back from any ``BlockMask`` to a
 The ``mask_mod`` is exact at every position (FlexAttention's eager path
 evaluates it everywhere; the compiled kernel only on partial blocks). For the
 registered families it is arithmetic in the generator's parameters (``(q - kv)
-% l == 0``, ``kv // l == q // l``, ...); for any other pattern it looks the key
-up in the sorted CSR row of the query by a fixed-depth binary search written
-with gathers and ``torch.where`` (memory O(nnz), traceable by
-``torch.compile``).
+% l == 0``, ``kv // l == q // l``, ...); for any other pattern it reads a bit
+table of the partial tiles built from the CSR (two gathers, quick to
+compile), or, when that table would be too big, binary-searches the sorted
+CSR row (memory O(nnz); exact, but slow to compile).
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from .._validate import check_choice, check_int
 from ..pattern import DENSE_LIMIT, Pattern
 from ._common import head_layouts, head_plan
 
-__all__ = ["to_flex_block_mask", "flex_mask_mod", "from_flex_block_mask", "MASK_IMPLS"]
+__all__ = [
+    "to_flex_block_mask", "flex_mask_mod", "from_flex_block_mask", "MASK_IMPLS", "TILE_BITS_LIMIT",
+]
 
 #: how the mask_mod decides membership
 MASK_IMPLS = ("auto", "formula", "csr")
@@ -140,8 +142,72 @@ def _trusted_formula(pattern: Pattern) -> list[Rule] | None:
 
 
 # --------------------------------------------------------------- CSR lookup
-def _csr_rule(mats: list[sp.csr_matrix], n: int) -> Callable[[Any, Any, Any], Any]:
-    """``rule(k, q, kv)``: is ``kv`` in row ``q`` of matrix ``k``? (binary search in the CSR)."""
+#: most cells (partial tiles x block^2) the bit table of the generic mask_mod may hold
+TILE_BITS_LIMIT = 1 << 28
+
+
+def _tile_rule(mats: list[sp.csr_matrix], n: int, block: int) -> Callable[[Any, Any, Any], Any] | None:
+    """``rule(k, q, kv)`` by a bit table of the partial tiles, or None when it is too big.
+
+    ``tile[k, q // B, kv // B]`` names a tile: 0 (empty), 1 (full) or a partial
+    tile whose ``B x B`` bits are packed 8 per byte. Two independent-depth
+    gathers, so ``torch.compile`` lowers it quickly; memory is
+    ``partial tiles x B^2 / 8`` bytes.
+    """
+    import torch  # noqa: PLC0415
+
+    B = block
+    nb = -(-n // B)
+    sizes = np.full(nb, B, dtype=np.int64)
+    sizes[-1] = n - B * (nb - 1)
+    area = np.multiply.outer(sizes, sizes).ravel()  # (nb * nb,)
+    tiles = np.zeros((len(mats), nb * nb), dtype=np.int64)
+    keys, counts = [], []
+    for m in mats:
+        rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(m.indptr))
+        key = (rows // B) * nb + m.indices.astype(np.int64) // B  # tile of every entry
+        cnt = np.bincount(key, minlength=nb * nb)
+        keys.append((rows, key))
+        counts.append(cnt)
+    n_partial = sum(int(((c > 0) & (c < area)).sum()) for c in counts)
+    W = -(-B // 8)  # bytes per tile row
+    if n_partial * B * W * 8 > TILE_BITS_LIMIT:
+        return None
+    bits = np.zeros((2 + n_partial) * B * W * 8, dtype=bool)
+    bits[B * W * 8 : 2 * B * W * 8] = True  # tile 1: full
+    nxt = 2
+    for k, m in enumerate(mats):
+        cnt = counts[k]
+        partial = (cnt > 0) & (cnt < area)
+        tiles[k, cnt == area] = 1
+        ids = np.flatnonzero(partial)
+        tiles[k, ids] = nxt + np.arange(ids.size)
+        nxt += ids.size
+        rows, key = keys[k]
+        t = tiles[k, key]
+        sel = t >= 2
+        cols = m.indices.astype(np.int64)[sel]
+        pos = ((t[sel] * B + rows[sel] % B) * W * 8) + cols % B
+        bits[pos] = True
+    packed = np.packbits(bits, bitorder="little")  # (tiles * B * W,) uint8
+    t_tiles = torch.from_numpy(tiles.astype(np.int32).ravel())
+    t_bits = torch.from_numpy(packed)
+
+    def rule(k, q, kv):
+        tile = t_tiles[(k * nb + q // B) * nb + kv // B]
+        lc = kv % B
+        byte = t_bits[(tile * B + q % B) * W + lc // 8].to(torch.int32)
+        return ((byte >> (lc % 8)) & 1) == 1
+
+    return rule
+
+
+def _search_rule(mats: list[sp.csr_matrix], n: int) -> Callable[[Any, Any, Any], Any]:
+    """``rule(k, q, kv)`` by binary search in the sorted CSR row (memory O(nnz)).
+
+    Exact and fine in eager mode, but the chain of dependent gathers makes
+    ``torch.compile`` slow (minutes); used only when the bit table is too big.
+    """
     import torch  # noqa: PLC0415
 
     nnz = [int(m.nnz) for m in mats]
@@ -180,6 +246,11 @@ def _csr_rule(mats: list[sp.csr_matrix], n: int) -> Callable[[Any, Any, Any], An
     return rule
 
 
+def _csr_rule(mats: list[sp.csr_matrix], n: int, block: int) -> Callable[[Any, Any, Any], Any]:
+    rule = _tile_rule(mats, n, block)
+    return rule if rule is not None else _search_rule(mats, n)
+
+
 # --------------------------------------------------------------- public
 def flex_mask_mod(
     pattern: Pattern,
@@ -187,6 +258,7 @@ def flex_mask_mod(
     mode: str = "multihead",
     num_heads: int | None = None,
     impl: str = "auto",
+    block_size: int = 128,
 ) -> Callable[..., Any]:
     """The FlexAttention ``mask_mod(b, h, q_idx, kv_idx)`` of a pattern.
 
@@ -201,8 +273,12 @@ def flex_mask_mod(
     impl : {"auto", "formula", "csr"}
         ``"formula"``: arithmetic in the family's parameters (registered
         families whose heads are exactly what their name and params generate;
-        local2d has none); ``"csr"``: binary search in the CSR rows, for any
-        pattern; ``"auto"``: formula when there is one, else csr.
+        local2d has none); ``"csr"``, for any pattern: a bit table of the
+        partial ``block_size`` tiles built from the CSR (a binary search in the
+        CSR rows when that table would pass ``TILE_BITS_LIMIT`` cells);
+        ``"auto"``: formula when there is one, else csr.
+    block_size : int
+        Tile size of the csr bit table (use the BlockMask's).
 
     Returns
     -------
@@ -222,7 +298,9 @@ def flex_mask_mod(
     import torch  # noqa: PLC0415
 
     impl = check_choice("impl", impl, MASK_IMPLS)
+    block_size = check_int("block_size", block_size, 1)
     mode, plan = head_plan(pattern, mode, num_heads)
+    n = pattern.n
     p = pattern.num_heads
     rules = _trusted_formula(pattern) if impl in ("auto", "formula") else None
     if impl == "formula" and rules is None:
@@ -237,7 +315,7 @@ def flex_mask_mod(
                 out = rules[0](q_idx, kv_idx)
                 for r in rules[1:]:
                     out = out | r(q_idx, kv_idx)
-                return out
+                return out & (kv_idx < n)
 
         else:
 
@@ -246,21 +324,24 @@ def flex_mask_mod(
                 out = (ph == 0) & rules[0](q_idx, kv_idx)
                 for k in range(1, p):
                     out = out | ((ph == k) & rules[k](q_idx, kv_idx))
-                return out
+                return out & (kv_idx < n)
 
         return mask_mod
 
     if mode == "merged" or p == 1:
-        look = _csr_rule([pattern.union() if mode == "merged" else pattern.heads[0]], pattern.n)
+        look = _csr_rule([pattern.union() if mode == "merged" else pattern.heads[0]], n, block_size)
 
         def mask_mod(b, h, q_idx, kv_idx):
-            return look(0, q_idx, kv_idx)
+            inside = (q_idx < n) & (kv_idx < n)
+            return look(0, torch.clamp(q_idx, 0, n - 1), torch.clamp(kv_idx, 0, n - 1)) & inside
 
     else:
-        look = _csr_rule(list(pattern.heads), pattern.n)
+        look = _csr_rule(list(pattern.heads), n, block_size)
 
         def mask_mod(b, h, q_idx, kv_idx):
-            return look(torch.remainder(h, p), q_idx, kv_idx)
+            inside = (q_idx < n) & (kv_idx < n)
+            q, kv = torch.clamp(q_idx, 0, n - 1), torch.clamp(kv_idx, 0, n - 1)
+            return look(torch.remainder(h, p), q, kv) & inside
 
     return mask_mod
 
@@ -334,7 +415,8 @@ def to_flex_block_mask(
 
     block_size = check_int("block_size", block_size, 1)
     _, plan = head_plan(pattern, mode, num_heads)
-    mask_mod = flex_mask_mod(pattern, mode=mode, num_heads=num_heads, impl=impl)
+    mask_mod = flex_mask_mod(pattern, mode=mode, num_heads=num_heads, impl=impl,
+                             block_size=block_size)
     lay, full = head_layouts(pattern, block_size, plan)  # (H, nb, nb)
     partial = lay & ~full
     kv_num, kv_idx = _ordered(partial)
