@@ -1,13 +1,379 @@
 """Fused sparse attention that executes a pattern's :class:`ExecutionPlan`.
 
-``plan`` cuts a pattern into block-compact pieces; ``attention`` runs them with
-an implementation chosen by name (``"numba"``: the CPU kernel of
-:mod:`sparse_patterns.kernels.cpu`; ``"reference"``: the dense oracle; others,
-such as ``"cuda"``, register themselves in :data:`IMPLS`).
+:func:`plan` cuts a pattern into block-compact pieces; :func:`attention` runs
+them with an implementation chosen by name: ``"numba"`` (the CPU kernel of
+:mod:`sparse_patterns.kernels.cpu`), ``"reference"`` (the dense masked-softmax
+oracle, for small ``n``) or ``"cuda"`` (:mod:`sparse_patterns.kernels.cuda`,
+imported on first use). :data:`IMPLS` maps each name to its callable, so another
+implementation can be registered (:func:`register_impl`).
+:func:`attention_backward` gives ``(dq, dk, dv)`` by recomputation from the
+forward's log-sum-exp; :class:`sparse_patterns.torch.SparseAttention` wraps both
+in an autograd function.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from .._validate import check_bool, check_choice, check_int
+from ..pattern import Pattern
 from .plan import MODES, ExecutionPlan, clear_plan_cache, plan
 
-__all__ = ["ExecutionPlan", "plan", "MODES", "clear_plan_cache"]
+__all__ = [
+    "ExecutionPlan", "plan", "MODES", "clear_plan_cache", "Impl", "IMPLS", "BACKWARD_IMPLS",
+    "register_impl", "attention", "attention_backward",
+]
+
+
+class Impl(str, Enum):
+    """Names of the built-in implementations (any key of :data:`IMPLS` is accepted)."""
+
+    NUMBA = "numba"
+    REFERENCE = "reference"
+    CUDA = "cuda"
+
+
+# ----------------------------------------------------------------------- inputs
+_FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
+
+
+class _Inputs:
+    """Validated inputs as C-contiguous NumPy arrays in the compute dtype."""
+
+    def __init__(self, arrays: dict[str, Any], n: int | None):
+        self.torch = None
+        kinds = {name: _kind(a) for name, a in arrays.items()}
+        if len(set(kinds.values())) > 1:
+            desc = ", ".join(f"{k} is a {v}" for k, v in kinds.items())
+            raise ValueError(f"q, k, v: mix NumPy arrays and torch tensors ({desc})")
+        q = arrays["q"]
+        shape = tuple(q.shape)
+        if len(shape) != 4:
+            raise ValueError(f"q: must be shaped (B, H, n, d), got shape {shape}")
+        for name, a in arrays.items():
+            want = shape[:3] if name == "lse" else shape
+            if tuple(a.shape) != want:
+                raise ValueError(
+                    f"{name}: shape {tuple(a.shape)} disagrees with q's {shape} (want {want})"
+                )
+        B, H, nn, d = shape
+        if min(shape) < 1:
+            raise ValueError(f"q: every dimension of (B, H, n, d) must be >= 1, got {shape}")
+        if n is not None and nn != n:
+            raise ValueError(f"q: sequence length n={nn} disagrees with the pattern's n={n}")
+        self.dtype_name = _dtype_name(q)
+        if self.dtype_name not in _FLOAT_NAMES:
+            raise ValueError(
+                f"q: dtype {self.dtype_name} is not supported; use one of {', '.join(_FLOAT_NAMES)}"
+            )
+        for name, a in arrays.items():
+            if name != "lse" and _dtype_name(a) != self.dtype_name:
+                raise ValueError(
+                    f"{name}: dtype {_dtype_name(a)} disagrees with q's {self.dtype_name}"
+                )
+        self.compute = np.float64 if self.dtype_name == "float64" else np.float32
+        if kinds["q"] == "torch tensor":
+            import torch
+
+            self.torch = torch
+            for name, a in arrays.items():
+                if a.device.type != "cpu":
+                    raise ValueError(
+                        f"{name}: tensor is on {a.device}; this implementation runs on the CPU"
+                    )
+            self.torch_dtype = q.dtype
+            self.np = {
+                name: np.ascontiguousarray(
+                    a.detach().to(torch.float64 if self.compute is np.float64 else torch.float32)
+                    .numpy()
+                )
+                for name, a in arrays.items()
+            }
+        else:
+            self.np = {
+                name: np.ascontiguousarray(np.asarray(a), dtype=self.compute)
+                for name, a in arrays.items()
+            }
+        self.shape = shape
+
+    def out(self, a: np.ndarray, *, lse: bool = False) -> Any:
+        """Back to the caller's kind; outputs in the input dtype, ``lse`` in the compute dtype."""
+        if self.torch is None:
+            return a if lse else a.astype(self.dtype_name, copy=False)
+        t = self.torch.from_numpy(a)
+        return t if lse else t.to(self.torch_dtype)
+
+
+def _kind(a: Any) -> str:
+    if isinstance(a, np.ndarray):
+        return "NumPy array"
+    if type(a).__module__.startswith("torch") and hasattr(a, "detach"):
+        return "torch tensor"
+    raise ValueError(
+        f"q, k, v: expected NumPy arrays or torch tensors, got {type(a).__module__}.{type(a).__name__}"
+    )
+
+
+def _dtype_name(a: Any) -> str:
+    dt = a.dtype
+    return str(dt).removeprefix("torch.")
+
+
+def _scale(scale: float | None, d: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
+        raise ValueError(f"scale: must be a finite number or None, got {scale!r}")
+    if not math.isfinite(float(scale)):
+        raise ValueError(f"scale: must be a finite number or None, got {scale!r}")
+    return float(scale)
+
+
+def _resolve(pattern: Any, mode: str, block: int) -> tuple[Pattern | None, ExecutionPlan]:
+    """The pattern (None when a plan was given) and its (cached) plan."""
+    if isinstance(pattern, ExecutionPlan):
+        if mode != pattern.mode:
+            raise ValueError(f"mode: {mode!r} disagrees with the given plan's mode {pattern.mode!r}")
+        return None, pattern
+    if not isinstance(pattern, Pattern):
+        raise ValueError(
+            f"pattern: expected a Pattern or an ExecutionPlan, got {type(pattern).__name__}"
+        )
+    return pattern, plan(pattern, block=block, mode=mode)
+
+
+# ----------------------------------------------------------------------- impls
+def _numba_forward(q, k, v, pattern, *, mode="multihead", scale=None, return_lse=False,
+                   block=64):
+    from . import cpu
+
+    mode = check_choice("mode", mode, MODES)
+    _, pl = _resolve(pattern, mode, check_int("block", block, 1, 4096))
+    x = _Inputs({"q": q, "k": k, "v": v}, pl.n)
+    o, lse = cpu.forward(x.np["q"], x.np["k"], x.np["v"], pl, scale=_scale(scale, x.shape[3]))
+    return (x.out(o), x.out(lse, lse=True)) if return_lse else x.out(o)
+
+
+def _reference_forward(q, k, v, pattern, *, mode="multihead", scale=None, return_lse=False,
+                       block=64):
+    from .reference import reference_forward
+
+    mode = check_choice("mode", mode, MODES)
+    pat, pl = _resolve(pattern, mode, check_int("block", block, 1, 4096))
+    if pat is None:
+        raise ValueError("pattern: impl='reference' needs the Pattern, not an ExecutionPlan")
+    x = _Inputs({"q": q, "k": k, "v": v}, pl.n)
+    o, lse = reference_forward(x.np["q"], x.np["k"], x.np["v"], pat, pl,
+                               scale=_scale(scale, x.shape[3]))
+    return (x.out(o), x.out(lse, lse=True)) if return_lse else x.out(o)
+
+
+def _cuda_forward(q, k, v, pattern, **kw):
+    from . import cuda
+
+    return cuda.attention(q, k, v, pattern, **kw)
+
+
+def _numba_backward(q, k, v, o, lse, do, pattern, *, mode="multihead", scale=None, block=64):
+    from . import cpu
+
+    mode = check_choice("mode", mode, MODES)
+    _, pl = _resolve(pattern, mode, check_int("block", block, 1, 4096))
+    x = _Inputs({"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, pl.n)
+    a = x.np
+    grads = cpu.backward(a["q"], a["k"], a["v"], a["o"], a["lse"], a["do"], pl,
+                         scale=_scale(scale, x.shape[3]))
+    return tuple(x.out(g) for g in grads)
+
+
+def _reference_backward(q, k, v, o, lse, do, pattern, *, mode="multihead", scale=None,
+                        block=64):
+    from .reference import reference_backward
+
+    mode = check_choice("mode", mode, MODES)
+    pat, pl = _resolve(pattern, mode, check_int("block", block, 1, 4096))
+    if pat is None:
+        raise ValueError("pattern: impl='reference' needs the Pattern, not an ExecutionPlan")
+    x = _Inputs({"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, pl.n)
+    a = x.np
+    grads = reference_backward(a["q"], a["k"], a["v"], a["o"], a["lse"], a["do"], pat, pl,
+                               scale=_scale(scale, x.shape[3]))
+    return tuple(x.out(g) for g in grads)
+
+
+def _cuda_backward(q, k, v, o, lse, do, pattern, *, mode="multihead", scale=None, block=64):
+    from . import cuda
+
+    _, pl = _resolve(pattern, mode, block)
+    return cuda.backward(q, k, v, o, lse, do, pl, scale=scale)
+
+
+#: Forward implementations: name -> ``fn(q, k, v, pattern, *, mode, scale, return_lse, block)``.
+IMPLS: dict[str, Callable[..., Any]] = {
+    Impl.NUMBA.value: _numba_forward,
+    Impl.REFERENCE.value: _reference_forward,
+    Impl.CUDA.value: _cuda_forward,
+}
+
+#: Backward implementations: name -> ``fn(q, k, v, o, lse, do, pattern, *, mode, scale, block)``.
+BACKWARD_IMPLS: dict[str, Callable[..., Any]] = {
+    Impl.NUMBA.value: _numba_backward,
+    Impl.REFERENCE.value: _reference_backward,
+    Impl.CUDA.value: _cuda_backward,
+}
+
+
+def register_impl(name: str, forward: Callable[..., Any],
+                  backward: Callable[..., Any] | None = None) -> None:
+    """Make ``impl=name`` available to :func:`attention` (and :func:`attention_backward`).
+
+    Examples
+    --------
+    >>> register_impl("mine", IMPLS["reference"])
+    >>> "mine" in IMPLS
+    True
+    >>> del IMPLS["mine"]
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name: must be a non-empty string, got {name!r}")
+    if not callable(forward):
+        raise ValueError(f"forward: must be callable, got {type(forward).__name__}")
+    IMPLS[name] = forward
+    if backward is not None:
+        BACKWARD_IMPLS[name] = backward
+
+
+def _impl_name(impl: Any, table: dict[str, Any]) -> str:
+    name = impl.value if isinstance(impl, Impl) else impl
+    if not isinstance(name, str) or name not in table:
+        raise ValueError(f"impl: unknown implementation {impl!r}; valid: {', '.join(table)}")
+    return name
+
+
+# ----------------------------------------------------------------------- public
+def attention(
+    q: Any, k: Any, v: Any, pattern: Pattern | ExecutionPlan, *, mode: str = "multihead",
+    impl: str | Impl = "numba", scale: float | None = None, return_lse: bool = False,
+    block: int = 64,
+) -> Any:
+    """Sparse attention of ``pattern``: softmax over the attended keys of each query.
+
+    ``out[b, h, i] = sum_j softmax_j(scale * q[b,h,i] . k[b,h,j]) v[b,h,j]`` over
+    the ``j`` that query ``i`` attends in the softmax group of head ``h``.
+
+    Parameters
+    ----------
+    q, k, v : numpy.ndarray or torch.Tensor, shape (B, H, n, d)
+        One kind and one dtype: float16, bfloat16 (torch), float32 or float64.
+        float16 and bfloat16 are computed in float32. Torch tensors must be on
+        the CPU for ``"numba"`` and ``"reference"``; gradients are not tracked
+        (use :class:`sparse_patterns.torch.SparseAttention`).
+    pattern : Pattern or ExecutionPlan
+        The token pattern (its plan is built once and cached), or a plan.
+    mode : {"multihead", "merged"}
+        ``multihead``: attention head ``h`` uses pattern head ``h % p``, each
+        with its own softmax; ``merged``: every head uses the union of the heads.
+    impl : str or Impl
+        A key of :data:`IMPLS`: ``"numba"`` (CPU kernel), ``"reference"`` (dense
+        oracle, small ``n``), ``"cuda"``, or a registered name.
+    scale : float, optional
+        Score scale, ``1 / sqrt(d)`` by default.
+    return_lse : bool
+        Also return the log-sum-exp of each row's scaled scores.
+    block : int
+        Tile size of the plan, in ``[1, 4096]``.
+
+    Returns
+    -------
+    out : like ``q`` (same kind and dtype)
+        A row with no keys (only possible in a user-supplied pattern) is 0.
+    lse : ``(B, H, n)``, only with ``return_lse``
+        Natural log, in the compute dtype (float32, or float64 for float64
+        inputs); ``-inf`` for a row with no keys.
+
+    Raises
+    ------
+    ValueError
+        Shapes that disagree (``q``, ``k``, ``v``, ``n`` vs the pattern), an
+        unsupported dtype, mixed array kinds, an unknown ``impl`` (the message
+        lists the valid ones) or ``mode``.
+
+    Notes
+    -----
+    NaN or inf in the inputs propagate as in torch: a row whose scores or
+    attended values hold NaN gets NaN. A fused kernel computes whole tiles, so a
+    NaN key may also reach rows that share a tile with it without attending it
+    (as in torch's fused kernels); the kernel never crashes.
+
+    References
+    ----------
+    R. Child et al., "Generating Long Sequences with Sparse Transformers",
+    arXiv:1904.10509, 2019.
+
+    Examples
+    --------
+    >>> import numpy as np, sparse_patterns as sps
+    >>> pat = sps.make("strided", 16, stride=4)
+    >>> x = np.random.default_rng(0).standard_normal((1, 2, 16, 8))
+    >>> out = sps.attention(x, x, x, pat, mode="merged")
+    >>> ref = sps.attention(x, x, x, pat, mode="merged", impl="reference")
+    >>> out.shape, bool(np.allclose(out, ref, rtol=1e-10, atol=1e-12))
+    ((1, 2, 16, 8), True)
+    """
+    name = _impl_name(impl, IMPLS)
+    mode = check_choice("mode", mode, MODES)
+    return_lse = check_bool("return_lse", return_lse)
+    return IMPLS[name](q, k, v, pattern, mode=mode, scale=scale, return_lse=return_lse,
+                       block=block)
+
+
+def attention_backward(
+    q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, pattern: Pattern | ExecutionPlan, *,
+    mode: str = "multihead", impl: str | Impl = "numba", scale: float | None = None,
+    block: int = 64,
+) -> tuple[Any, Any, Any]:
+    """Gradients ``(dq, dk, dv)`` of :func:`attention`, recomputed from its log-sum-exp.
+
+    Nothing of size ``n x n`` is stored: the probabilities of each tile are
+    recomputed as ``exp(scale * q . k - lse)``.
+
+    Parameters
+    ----------
+    q, k, v : (B, H, n, d)
+        The forward's inputs.
+    o, lse : (B, H, n, d) and (B, H, n)
+        The forward's output and log-sum-exp (``return_lse=True``).
+    do : (B, H, n, d)
+        Gradient of the loss with respect to ``o``.
+    pattern, mode, impl, scale, block
+        As for :func:`attention` (a plan fixes ``mode`` and ``block``).
+
+    Returns
+    -------
+    dq, dk, dv : like ``q``
+        Rows with no keys get zero gradients.
+
+    Raises
+    ------
+    ValueError
+        As :func:`attention`; also when ``impl`` has no backward.
+
+    Examples
+    --------
+    >>> import numpy as np, sparse_patterns as sps
+    >>> pat = sps.make("strided", 16, stride=4)
+    >>> x = np.random.default_rng(0).standard_normal((1, 2, 16, 8))
+    >>> o, lse = sps.attention(x, x, x, pat, return_lse=True)
+    >>> dq, dk, dv = attention_backward(x, x, x, o, lse, np.ones_like(o), pat)
+    >>> dq.shape
+    (1, 2, 16, 8)
+    """
+    name = _impl_name(impl, BACKWARD_IMPLS)
+    mode = check_choice("mode", mode, MODES)
+    return BACKWARD_IMPLS[name](q, k, v, o, lse, do, pattern, mode=mode, scale=scale,
+                                block=block)
