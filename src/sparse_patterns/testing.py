@@ -256,3 +256,71 @@ def bfs_depth(heads, p=None, mode="interleaved", residual=True, causal=True):
                 worst = max(worst, K)
             got |= f
     return worst
+
+
+# --------------------------------------------------------------------------------------
+# Attention oracle (kernels): dense masked softmax, float64, one row at a time.
+
+__all__ += ["attention_masks", "attention_oracle"]
+
+
+def attention_masks(pattern, mode: str, num_heads: int) -> np.ndarray:
+    """Dense ``bool (num_heads, n, n)``: the keys each attention head's rows attend.
+
+    ``multihead``: head ``h`` uses pattern head ``h % p``; ``merged``: every head
+    uses the union of the pattern's heads. Built from the CSR rows directly.
+
+    Examples
+    --------
+    >>> import sparse_patterns as sps
+    >>> attention_masks(sps.make("strided", 4, stride=2), "merged", 1)[0].astype(int)
+    array([[1, 0, 0, 0],
+           [1, 1, 0, 0],
+           [1, 1, 1, 0],
+           [0, 1, 1, 1]])
+    """
+    n, p = pattern.n, pattern.num_heads
+    dense = np.zeros((p, n, n), dtype=bool)
+    for m, head in enumerate(pattern.heads):
+        for i in range(n):
+            dense[m, i, head.indices[head.indptr[i]:head.indptr[i + 1]]] = True
+    if mode == "merged":
+        return np.broadcast_to(dense.any(axis=0), (num_heads, n, n))
+    if mode == "multihead":
+        return dense[np.arange(num_heads) % p]
+    raise ValueError(f"mode: must be 'multihead' or 'merged', got {mode!r}")
+
+
+def attention_oracle(q, k, v, masks, scale=None):
+    """Masked softmax attention in float64, row by row: ``(out, lse)``.
+
+    ``q, k, v``: ``(B, H, n, d)``; ``masks``: ``bool (H, n, n)``. A row with no
+    keys gives a zero output and ``lse = -inf``. Slow on purpose (n up to a few
+    hundred).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> x = np.arange(8.0).reshape(1, 1, 4, 2) / 8
+    >>> out, lse = attention_oracle(x, x, x, np.tril(np.ones((1, 4, 4), bool)))
+    >>> out[0, 0, 0].tolist(), bool(np.isfinite(lse).all())
+    ([0.0, 0.125], True)
+    """
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    B, H, n, d = q.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    out = np.zeros((B, H, n, d))
+    lse = np.full((B, H, n), -np.inf)
+    for b in range(B):
+        for h in range(H):
+            for i in range(n):
+                keys = np.flatnonzero(masks[h, i])
+                if keys.size == 0:
+                    continue
+                s = np.array([scale * float(np.dot(q[b, h, i], k[b, h, j])) for j in keys])
+                top = s.max()
+                w = np.exp(s - top)
+                tot = w.sum()
+                lse[b, h, i] = top + math.log(tot)
+                out[b, h, i] = (w / tot) @ v[b, h, keys]
+    return out, lse
