@@ -253,6 +253,12 @@ class ProfileTable:
         return [(r.pattern, r.n, m.runner) for r in self.rows for m in r.measurements
                 if m.status == "wrong"]
 
+    @property
+    def failed(self) -> list[tuple[str, int, str]]:
+        """``(pattern, n, impl)`` of our implementations that were wrong or raised an error."""
+        return [(r.pattern, r.n, m.runner) for r in self.rows for m in r.measurements
+                if m.kind == "impl" and m.status in ("wrong", "error")]
+
     def pct_of_matmul(self, row: ProfileRow, runner: str) -> float | None:
         """Useful GFLOP/s of ``runner`` as a percentage of :attr:`matmul_gflops`."""
         g = row.gflops(runner)
@@ -902,7 +908,7 @@ def profile(
                         st["note"] = _join(st["note"], msg + f" > {tol:g}")
                     else:
                         st["note"] = _join(st["note"], msg)
-            except (ValueError, MemoryError, RuntimeError, NotImplementedError, TypeError) as exc:
+            except Exception as exc:  # noqa: BLE001 - one runner failing must not lose the grid
                 st["status"] = "skipped" if isinstance(exc, (ValueError, MemoryError)) else "error"
                 st["note"] = _join(st["note"], f"{type(exc).__name__}: {_first_line(exc)}")
                 st.pop("fn", None)
