@@ -198,6 +198,8 @@ def test_sequence_of_matrices_and_causal_inference():
     r1 = verify(list(d))
     r2 = verify(make("strided", 12, stride=3))
     assert r1.hops == r2.hops and r1.causal
+    assert verify(d).hops == r2.hops
+    assert not verify(d | d.transpose(0, 2, 1)).causal
 
 
 def test_report_to_dict_is_json_ready():

@@ -183,6 +183,8 @@ class Explanation:
 def _as_pattern(pattern: Any) -> Pattern:
     if isinstance(pattern, Pattern):
         return pattern
+    if isinstance(pattern, np.ndarray) and pattern.ndim in (2, 3):
+        pattern = list(pattern) if pattern.ndim == 3 else [pattern]
     if isinstance(pattern, (list, tuple)):
         heads = list(pattern)
         if not heads:
@@ -440,9 +442,9 @@ def verify(
 
     Parameters
     ----------
-    pattern : Pattern, BlockLayout or sequence of (n, n) matrices
+    pattern : Pattern, BlockLayout, sequence of (n, n) matrices or bool array (H, n, n)
         The heads ``A^(1) .. A^(H)``. A :class:`BlockLayout` is checked at block
-        granularity (see Notes). A plain sequence of matrices is causal when no
+        granularity (see Notes). Plain matrices make a causal pattern when no
         entry lies above the diagonal.
     p : int, optional
         Number of attention steps; defaults to the number of heads. In
