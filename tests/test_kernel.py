@@ -1,0 +1,255 @@
+"""The attention kernels against the dense float64 oracle of ``sparse_patterns.testing``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sparse_patterns as sps
+from sparse_patterns import Pattern
+from sparse_patterns.kernels import (
+    IMPLS,
+    Impl,
+    attention,
+    attention_backward,
+    plan,
+    register_impl,
+)
+from sparse_patterns.kernels.reference import reference_backward
+from sparse_patterns.testing import attention_masks, attention_oracle
+
+TOL = {np.float64: dict(rtol=1e-10, atol=1e-12), np.float32: dict(rtol=1e-5, atol=1e-6)}
+
+
+def qkv(shape, dtype=np.float64, seed=0):
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal(shape).astype(dtype) for _ in range(3))
+
+
+def check(pat, mode, dtype, *, H=3, d=8, block=16, impl="numba", B=2, seed=0):
+    q, k, v = qkv((B, H, pat.n, d), dtype, seed)
+    out, lse = attention(q, k, v, pat, mode=mode, impl=impl, return_lse=True, block=block)
+    ref, ref_lse = attention_oracle(q, k, v, attention_masks(pat, mode, H))
+    assert out.dtype == dtype and out.shape == q.shape
+    np.testing.assert_allclose(out, ref, **TOL[dtype])
+    np.testing.assert_allclose(lse, ref_lse, **TOL[dtype])
+    return out, lse
+
+
+def test_golden_strided_16_every_impl_and_mode():
+    pat = sps.make("strided", 16, stride=4)
+    for impl in ("numba", "reference"):
+        for mode in ("multihead", "merged"):
+            for dtype in (np.float64, np.float32):
+                check(pat, mode, dtype, block=4, impl=impl)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("mode", ["multihead", "merged"])
+@pytest.mark.parametrize(
+    "name, n, params, block",
+    [
+        ("strided", 64, {"stride": 8}, 16),
+        ("strided", 77, {"stride": 9}, 16),  # n a multiple of neither block nor stride
+        ("strided", 50, {"stride": 7, "causal": False}, 8),
+        ("fixed", 96, {"stride": 16, "c": 4}, 16),
+        ("fixed", 70, {"stride": 12, "c": 3, "summary_heads": 2}, 32),
+        ("local", 40, {"window": 6}, 64),
+        ("bigbird", 48, {"block": 4, "seed": 2}, 8),
+    ],
+)
+def test_patterns_match_oracle(name, n, params, block, mode, dtype):
+    check(sps.make(name, n, **params), mode, dtype, block=block)
+
+
+@st.composite
+def random_patterns(draw):
+    n = draw(st.integers(1, 30))
+    p = draw(st.integers(1, 3))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    causal = draw(st.booleans())
+    heads = []
+    for _ in range(p):
+        density = draw(st.sampled_from([0.0, 0.05, 0.2, 0.6, 1.0]))  # very different densities
+        m = rng.random((n, n)) < density
+        if draw(st.booleans()):  # rows with a single key
+            rows = rng.random(n) < 0.4
+            m[rows] = False
+            m[rows, rng.integers(0, n, rows.sum())] = True
+        if causal:
+            m = np.tril(m)
+        heads.append(sp.csr_matrix(m))
+    return Pattern(heads, causal=causal)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pat=random_patterns(), mode=st.sampled_from(["multihead", "merged"]),
+       block=st.sampled_from([1, 4, 8, 64]), dtype=st.sampled_from([np.float64, np.float32]))
+def test_random_patterns_match_oracle(pat, mode, block, dtype):
+    out, lse = check(pat, mode, dtype, H=4, d=5, block=block, B=1)
+    masks = attention_masks(pat, mode, 4)
+    empty = ~masks.any(axis=2)  # (H, n): rows with no keys
+    assert (out[0][empty] == 0).all()
+    assert np.isneginf(lse[0][empty]).all()
+
+
+def test_row_without_keys_gives_zeros():
+    m = np.tril(np.ones((8, 8), bool))
+    m[3] = False
+    pat = Pattern.from_dense(m)
+    q, k, v = qkv((1, 1, 8, 4))
+    out, lse = attention(q, k, v, pat, return_lse=True, block=4)
+    assert (out[0, 0, 3] == 0).all() and np.isneginf(lse[0, 0, 3])
+    dq, dk, dv = attention_backward(q, k, v, out, lse, np.ones_like(out), pat, block=4)
+    assert (dq[0, 0, 3] == 0).all()
+
+
+def test_plan_can_be_passed_and_mode_must_agree():
+    pat = sps.make("strided", 32, stride=4)
+    pl = plan(pat, mode="merged", block=8)
+    q, k, v = qkv((1, 2, 32, 4))
+    np.testing.assert_allclose(attention(q, k, v, pl, mode="merged"),
+                               attention(q, k, v, pat, mode="merged", block=8), rtol=1e-12)
+    with pytest.raises(ValueError, match="mode"):
+        attention(q, k, v, pl, mode="multihead")
+
+
+@pytest.mark.parametrize("mode", ["multihead", "merged"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_backward_matches_dense_reference(mode, dtype):
+    pat = sps.make("strided", 45, stride=6)
+    q, k, v = qkv((2, 3, 45, 8), dtype)
+    do = qkv((2, 3, 45, 8), dtype, seed=1)[0]
+    out, lse = attention(q, k, v, pat, mode=mode, return_lse=True, block=8)
+    got = attention_backward(q, k, v, out, lse, do, pat, mode=mode, block=8)
+    pl = plan(pat, mode=mode, block=8)
+    want = reference_backward(q, k, v, out, lse, do, pat, pl, scale=1 / np.sqrt(8))
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == dtype
+        np.testing.assert_allclose(g, w, **TOL[dtype])
+
+
+def test_backward_by_finite_differences():
+    pat = sps.make("fixed", 12, stride=4, c=1)
+    q, k, v = qkv((1, 2, 12, 3))
+    do = qkv((1, 2, 12, 3), seed=3)[0]
+    out, lse = attention(q, k, v, pat, mode="merged", return_lse=True, block=4)
+    grads = attention_backward(q, k, v, out, lse, do, pat, mode="merged", block=4)
+    eps = 1e-6
+    for which, g in enumerate(grads):
+        for idx in [(0, 0, 5, 1), (0, 1, 11, 2), (0, 1, 0, 0)]:
+            args = [q.copy(), k.copy(), v.copy()]
+            args[which][idx] += eps
+            up = (attention(*args, pat, mode="merged", block=4) * do).sum()
+            args[which][idx] -= 2 * eps
+            down = (attention(*args, pat, mode="merged", block=4) * do).sum()
+            assert abs((up - down) / (2 * eps) - g[idx]) < 1e-6
+
+
+def test_half_precision_numpy_float16():
+    pat = sps.make("strided", 32, stride=4)
+    q, k, v = (a.astype(np.float16) for a in qkv((1, 2, 32, 8)))
+    out = attention(q, k, v, pat)
+    assert out.dtype == np.float16
+    ref, _ = attention_oracle(q, k, v, attention_masks(pat, "multihead", 2))
+    np.testing.assert_allclose(out.astype(np.float64), ref, rtol=2e-3, atol=2e-3)
+
+
+def test_nan_and_inf_propagate_without_crashing():
+    pat = sps.make("strided", 32, stride=4)
+    masks = attention_masks(pat, "merged", 1)[0]
+    q, k, v = qkv((1, 1, 32, 4), np.float32)
+    q[0, 0, 5, 0] = np.nan
+    v[0, 0, 20, 1] = np.inf
+    out = attention(q, k, v, pat, mode="merged", block=8)
+    assert np.isnan(out[0, 0, 5]).all()
+    attends20 = masks[:, 20]
+    assert not np.isfinite(out[0, 0, attends20, 1]).any()
+    ref, _ = attention_oracle(q, k, v, masks[None])
+    clean = np.isfinite(ref).all(axis=-1)[0, 0]
+    assert not np.isfinite(out[0, 0, ~clean]).all(axis=-1).any()  # what the oracle poisons
+    # rows that share a tile with the inf value may get NaN too (0 * inf), as in fused
+    # torch kernels; every other row is exact
+    ok = clean & np.isfinite(out[0, 0]).all(axis=-1)
+    assert ok.sum() >= 8
+    np.testing.assert_allclose(out[0, 0, ok], ref[0, 0, ok], rtol=1e-5, atol=1e-6)
+    k[0, 0, 3, :] = np.inf
+    out = attention(q, k, v, pat, mode="merged", block=8)  # must not crash
+    assert out.shape == q.shape
+
+
+def test_injected_wrong_kernel_is_caught():
+    pat = sps.make("strided", 24, stride=4)
+
+    def wrong(q, k, v, pattern, **kw):
+        out = IMPLS["numba"](q, k, v, pattern, **kw)
+        if kw.get("return_lse"):
+            return out[0] + 1e-3, out[1]
+        return out + 1e-3
+
+    register_impl("wrong", wrong)
+    try:
+        assert "wrong" in IMPLS
+        with pytest.raises(AssertionError):
+            check(pat, "merged", np.float64, impl="wrong", block=8)
+    finally:
+        del IMPLS["wrong"]
+
+
+def test_impl_enum_and_unknown_impl():
+    pat = sps.make("full", 8)
+    q, k, v = qkv((1, 1, 8, 2))
+    np.testing.assert_allclose(attention(q, k, v, pat, impl=Impl.NUMBA),
+                               attention(q, k, v, pat, impl="reference"), rtol=1e-12)
+    with pytest.raises(ValueError, match="impl: unknown implementation 'fast'; valid: numba, "):
+        attention(q, k, v, pat, impl="fast")
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda q, k, v: (q, k[:, :, :-1], v), r"k: shape \(1, 2, 15, 4\) disagrees with q's"),
+        (lambda q, k, v: (q, k, v[..., :3]), r"v: shape .* disagrees"),
+        (lambda q, k, v: (q[0], k[0], v[0]), r"q: must be shaped \(B, H, n, d\)"),
+        (lambda q, k, v: (q[:, :, :8], k[:, :, :8], v[:, :, :8]), "n=8 disagrees with the pattern's n=16"),
+        (lambda q, k, v: (q.astype(np.int32), k, v), "q: dtype int32 is not supported"),
+        (lambda q, k, v: (q, k.astype(np.float32), v), "k: dtype float32 disagrees with q's float64"),
+        (lambda q, k, v: (q, list(k), v), "expected NumPy arrays or torch tensors"),
+    ],
+)
+def test_bad_inputs_name_what_disagrees(change, match):
+    pat = sps.make("strided", 16, stride=4)
+    q, k, v = change(*qkv((1, 2, 16, 4)))
+    with pytest.raises(ValueError, match=match):
+        attention(q, k, v, pat)
+
+
+def test_bad_options():
+    pat = sps.make("full", 8)
+    q, k, v = qkv((1, 1, 8, 2))
+    with pytest.raises(ValueError, match="mode"):
+        attention(q, k, v, pat, mode="both")
+    with pytest.raises(ValueError, match="scale"):
+        attention(q, k, v, pat, scale=float("nan"))
+    with pytest.raises(ValueError, match="pattern"):
+        attention(q, k, v, np.ones((8, 8)))
+    with pytest.raises(ValueError, match="return_lse"):
+        attention(q, k, v, pat, return_lse=1)
+
+
+def test_torch_tensors_in_and_out():
+    torch = pytest.importorskip("torch")
+    pat = sps.make("strided", 32, stride=4)
+    q, k, v = qkv((1, 2, 32, 8), np.float32)
+    want = attention(q, k, v, pat)
+    for dt, tol in [(torch.float32, 1e-5), (torch.float16, 3e-3), (torch.bfloat16, 2e-2)]:
+        tq, tk, tv = (torch.from_numpy(a).to(dt) for a in (q, k, v))
+        out, lse = attention(tq, tk, tv, pat, return_lse=True)
+        assert isinstance(out, torch.Tensor) and out.dtype == dt
+        assert lse.dtype == torch.float32
+        np.testing.assert_allclose(out.float().numpy(), want, rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="mix NumPy arrays and torch tensors"):
+        attention(torch.from_numpy(q), k, v, pat)
