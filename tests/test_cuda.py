@@ -257,6 +257,42 @@ def test_attention_entry_point_plans_and_returns_lse():
     _close(only.copy_to_host(), ro, 1e-10, "out")
 
 
+@runs_here
+def test_through_the_impl_registry_forward_and_backward():
+    """``sparse_patterns.attention(impl="cuda")`` and ``attention_backward`` reach this kernel."""
+    from sparse_patterns.kernels import Impl, attention, attention_backward
+
+    pat = sps.make("fixed", 24, stride=8, c=2)
+    q, k, v, do = _inputs((1, 2, 24, 4), np.float64, 8, 4)
+    kw = {"mode": "merged", "block": 8}
+    out, lse = attention(*_dev(q, k, v), pat, impl="cuda", return_lse=True, **kw)
+    ro, rl = attention(q, k, v, pat, impl="reference", return_lse=True, **kw)
+    _close(out.copy_to_host(), ro, 1e-10, "out")
+    _close(lse.copy_to_host(), rl, 1e-10, "lse")
+    grads = attention_backward(*_dev(q, k, v), out, lse, *_dev(do), pat, impl=Impl.CUDA, **kw)
+    want = attention_backward(q, k, v, ro, rl, do, pat, impl="reference", **kw)
+    for g, w in zip(_host(*grads), want, strict=True):
+        _close(g, w, 1e-9, "grad")
+    pl = plan(pat, block=8, mode="merged")  # a plan instead of the pattern
+    _close(attention(*_dev(q, k, v), pl, mode="merged", impl="cuda").copy_to_host(), ro, 1e-10,
+           "out")
+    with pytest.raises(ValueError, match="mode: 'multihead' disagrees with the given plan"):
+        attention(*_dev(q, k, v), pl, mode="multihead", impl="cuda")
+    with pytest.raises(ValueError, match="scale: must be a finite number"):
+        attention(*_dev(q, k, v), pat, impl="cuda", scale=float("nan"), **kw)
+
+
+@runs_here
+def test_torch_module_with_impl_cuda_refuses_cpu_tensors():
+    torch = pytest.importorskip("torch")
+    from sparse_patterns.torch import SparseAttention
+
+    attn = SparseAttention(sps.make("strided", 16, stride=4), impl="cuda", block=8)
+    x = torch.randn(1, 2, 16, 4, requires_grad=True)
+    with pytest.raises(ValueError, match="needs tensors on a CUDA device, got a tensor on cpu"):
+        attn(x, x, x)
+
+
 def test_without_numba_cuda_the_error_names_it(monkeypatch):
     monkeypatch.setattr(kc, "cuda", None)
     monkeypatch.setitem(sys.modules, "numba.cuda", None)  # import numba.cuda -> ImportError

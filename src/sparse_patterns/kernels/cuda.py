@@ -630,7 +630,13 @@ def _launches(plan, H: int):
 
 
 def _scale_of(scale, d: int, fp64: bool):
-    s = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if scale is None:
+        s = 1.0 / math.sqrt(d)
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(float(scale)):
+        raise ValueError(f"scale: must be a finite number or None, got {scale!r}")
+    else:
+        s = float(scale)
     return np.float64(s) if fp64 else np.float32(s)
 
 
@@ -781,7 +787,9 @@ def attention(q: Any, k: Any, v: Any, pattern, *, mode: str = "multihead",
     Parameters
     ----------
     q, k, v : torch CUDA tensors or numba device arrays ``(B, H, n, d)``
-    pattern : Pattern
+    pattern : Pattern or ExecutionPlan
+        The token pattern (planned once and cached), or a plan (whose mode
+        must be ``mode`` and whose block is then used).
     mode : {"multihead", "merged"}
         ``multihead``: attention head ``h`` uses pattern head ``h % p``;
         ``merged``: every head uses the union.
@@ -812,12 +820,18 @@ def attention(q: Any, k: Any, v: Any, pattern, *, mode: str = "multihead",
     ...     print("ValueError")
     ValueError
     """
-    from .._validate import check_bool, check_int
+    from .._validate import check_bool, check_choice, check_int
+    from .plan import MODES, ExecutionPlan
     from .plan import plan as make_plan
 
-    block = check_int("block", block, 1, MAX_BLOCK)
+    mode = check_choice("mode", mode, MODES)
     return_lse = check_bool("return_lse", return_lse)
-    pl = make_plan(pattern, block=block, mode=mode)
+    if isinstance(pattern, ExecutionPlan):
+        if pattern.mode != mode:
+            raise ValueError(f"mode: {mode!r} disagrees with the given plan's mode {pattern.mode!r}")
+        pl = pattern
+    else:
+        pl = make_plan(pattern, block=check_int("block", block, 1, MAX_BLOCK), mode=mode)
     out, lse = forward(q, k, v, pl, scale=scale)
     return (out, lse) if return_lse else out
 
