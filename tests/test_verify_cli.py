@@ -86,3 +86,15 @@ def test_analyze_prints_exponent():
                               "--json"])
     d = json.loads(res.stdout)
     assert abs(d["exponent"] - 0.5) < 0.03 and d["expected"] == 0.5
+
+
+def test_verify_file(tmp_path):
+    from sparse_patterns import make
+    from sparse_patterns.export import save
+
+    path = save(make("local", 64, window=4), tmp_path / "local.npz")
+    res = runner.invoke(app, ["verify", "--file", str(path), "--mode", "merged", "--json"])
+    assert res.exit_code == 1, res.output
+    assert json.loads(res.stdout)["name"] == "local"
+    res = runner.invoke(app, ["verify", "strided", "--n", "16", "--file", str(path)])
+    assert res.exit_code == 2
