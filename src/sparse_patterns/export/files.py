@@ -46,7 +46,6 @@ _INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 # ------------------------------------------------------------------ helpers
 def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
     """Write through ``write(fileobj)`` to a temporary name, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True) if not path.parent.exists() else None
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:

@@ -194,7 +194,7 @@ def _tile_rule(mats: list[sp.csr_matrix], n: int, block: int) -> Callable[[Any, 
     t_bits = torch.from_numpy(packed)
 
     def rule(k, q, kv):
-        tile = t_tiles[(k * nb + q // B) * nb + kv // B]
+        tile = t_tiles[(torch.as_tensor(k).to(torch.int64) * nb + q // B) * nb + kv // B]
         lc = kv % B
         byte = t_bits[(tile * B + q % B) * W + lc // 8].to(torch.int32)
         return ((byte >> (lc % 8)) & 1) == 1
@@ -233,7 +233,7 @@ def _search_rule(mats: list[sp.csr_matrix], n: int) -> Callable[[Any, Any, Any],
     last = max(total - 1, 0)
 
     def rule(k, q, kv):
-        row = k * (n + 1) + q
+        row = torch.as_tensor(k).to(torch.int64) * (n + 1) + q
         lo = t_indptr[row]
         hi = t_indptr[row + 1]
         pos = lo
