@@ -93,7 +93,8 @@ def _list(text: str) -> list[str]:
     return [] if items == ["none"] else items
 
 
-@app.command("profile", context_settings=PATTERN_CONTEXT)
+@app.command("profile", context_settings=PATTERN_CONTEXT,
+             options_metavar="NAME... --n N1,N2 [OPTIONS] [PATTERN OPTIONS]")
 @cli_command
 def profile_cmd(
     ctx: typer.Context,
