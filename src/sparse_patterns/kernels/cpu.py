@@ -470,6 +470,23 @@ def single_threaded_blas() -> Iterator[None]:
             setter(old)
 
 
+_SMALL_FLOPS = 5e7  # below this (about a millisecond), one thread beats waking up more
+
+
+@contextlib.contextmanager
+def _threads_for(flops: float) -> Iterator[None]:
+    """Run small problems on one thread: a parallel region costs more than they do."""
+    if flops >= _SMALL_FLOPS:
+        yield
+        return
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
+
+
 # --------------------------------------------------------------------- wrappers
 def _flat(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1, a.shape[-1])
@@ -501,7 +518,7 @@ def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,
     B, H, n, d = q.shape
     out = np.empty_like(q)
     lse = np.empty(q.shape[:3], dtype=q.dtype)
-    with single_threaded_blas():
+    with single_threaded_blas(), _threads_for(plan.flops(B, H, d)[1]):
         _forward(_flat(q), _flat(k), _flat(v), _flat(out), lse.reshape(-1), B * H, H,
                  q.dtype.type(scale), plan.num_groups, plan.piece_group, plan.qperm,
                  plan.kperm, plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks,
@@ -530,7 +547,7 @@ def backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np
     dq, dk, dv = np.empty_like(q), np.empty_like(q), np.empty_like(q)
     col_ptr, col_tile = plan.column_index()
     tile_row = plan.tile_rows()
-    with single_threaded_blas():
+    with single_threaded_blas(), _threads_for(2.5 * plan.flops(B, H, d)[1]):
         _backward(_flat(q), _flat(k), _flat(v), _flat(o), _flat(do), lse.reshape(-1),
                   _flat(dq), _flat(dk), _flat(dv), B * H, H, q.dtype.type(scale),
                   plan.num_groups, plan.piece_group, plan.qperm, plan.kperm, col_ptr,
