@@ -293,6 +293,22 @@ def test_torch_module_with_impl_cuda_refuses_cpu_tensors():
         attn(x, x, x)
 
 
+@runs_here
+def test_a_missing_toolkit_at_the_first_compile_names_it(monkeypatch):
+    """On a GPU without NVVM, numba-cuda fails only when the first launch compiles."""
+
+    def fail(*a, **k):
+        raise RuntimeError('Failure finding "libnvvm.so": No such file')
+
+    monkeypatch.setattr(kc, "_run_forward", fail)
+    (x,) = _dev(np.zeros((1, 1, 8, 2), np.float32))
+    with pytest.raises(kc.CudaUnavailableError, match="NVVM/NVRTC not found.*numba-cuda\\[cu13\\]"):
+        kc.forward(x, x, x, plan(sps.make("full", 8), block=4))
+    monkeypatch.setattr(kc, "_run_forward", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):  # any other error passes through unchanged
+        kc.forward(x, x, x, plan(sps.make("full", 8), block=4))
+
+
 def test_without_numba_cuda_the_error_names_it(monkeypatch):
     monkeypatch.setattr(kc, "cuda", None)
     monkeypatch.setitem(sys.modules, "numba.cuda", None)  # import numba.cuda -> ImportError

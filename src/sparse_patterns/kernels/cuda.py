@@ -441,6 +441,17 @@ def _kernels(BLOCK: int, D: int, KS: int, fp64: bool) -> SimpleNamespace:  # noq
                            backward_dq=backward_dq, backward_dkdv=backward_dkdv)
 
 
+def _raise_if_toolkit_missing(e: BaseException, where: str) -> None:
+    """Turn "NVVM/NVRTC not found" (met at the first compile) into CudaUnavailableError."""
+    text = f"{type(e).__name__}: {e}"
+    if "Failure finding" in text or "NVVM" in type(e).__name__ or "libnvvm" in text.lower():
+        raise CudaUnavailableError(
+            f"{where}: numba-cuda cannot compile here, NVVM/NVRTC not found "
+            f"({' '.join(text.split())[:160]}); install a CUDA toolkit, or "
+            "pip install 'numba-cuda[cu13]' (or [cu12] for a CUDA 12 driver)"
+        ) from e
+
+
 # --------------------------------------------------------------------- plan on the device
 _DEV_PLANS: OrderedDict[tuple, tuple[Any, SimpleNamespace]] = OrderedDict()
 _DEV_PLANS_SIZE = 8
@@ -685,15 +696,20 @@ def forward(q: Any, k: Any, v: Any, plan, *, scale: float | None = None) -> tupl
     arrays = {"q": q, "k": k, "v": v}
     args = _Args(arrays)
     B, H, n, d = _check_shapes(plan, arrays)
+    sc = _scale_of(scale, d, args.fp64)
     with args.sync_device():
         qd, kd, vd = args.dev["q"], args.dev["k"], args.dev["v"]
         out_t, out = args.empty((B, H, n, d))
         lse_t, lse = args.empty((B, H, n))
-        run_forward(qd, kd, vd, out, lse, plan, _scale_of(scale, d, args.fp64), args)
+        try:
+            _run_forward(qd, kd, vd, out, lse, plan, sc, args)
+        except Exception as e:  # the first launch compiles: the toolkit is looked up then
+            _raise_if_toolkit_missing(e, "impl='cuda'")
+            raise
     return args.result(out_t), lse_t
 
 
-def run_forward(qd, kd, vd, out, lse, plan, scale, args) -> None:
+def _run_forward(qd, kd, vd, out, lse, plan, scale, args) -> None:
     """Launch the forward kernels into ``out`` and ``lse`` (device arrays, compute dtype)."""
     B, H, n, d = qd.shape
     block = plan.block
@@ -748,16 +764,21 @@ def backward(q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, plan, *,
     arrays = {"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}
     args = _Args(arrays)
     B, H, n, d = _check_shapes(plan, arrays)
+    sc = _scale_of(scale, d, args.fp64)
     with args.sync_device():
         a = args.dev
         grads = [args.empty((B, H, n, d)) for _ in range(3)]
         _delta_t, delta = args.empty((B, H, n))
-        run_backward(a["q"], a["k"], a["v"], a["o"], a["lse"], a["do"], delta,
-                     *(g[1] for g in grads), plan, _scale_of(scale, d, args.fp64), args)
+        try:
+            _run_backward(a["q"], a["k"], a["v"], a["o"], a["lse"], a["do"], delta,
+                          *(g[1] for g in grads), plan, sc, args)
+        except Exception as e:
+            _raise_if_toolkit_missing(e, "impl='cuda'")
+            raise
     return tuple(args.result(g[0]) for g in grads)
 
 
-def run_backward(qd, kd, vd, od, lsed, dod, delta, dq, dk, dv, plan, scale, args) -> None:
+def _run_backward(qd, kd, vd, od, lsed, dod, delta, dq, dk, dv, plan, scale, args) -> None:
     """Launch the backward kernels into ``dq``, ``dk``, ``dv`` (device arrays, compute dtype)."""
     B, H, n, d = qd.shape
     block = plan.block
@@ -911,10 +932,6 @@ def ptx(block: int = 64, d: int = 64, dtype: str = "float32",
         try:
             out[name], _ = c.compile_ptx(getattr(K, name).py_func, sig, cc=tuple(cc))
         except Exception as e:  # the toolkit libraries are looked up only now
-            if "Failure finding" in str(e) or "NVVM" in type(e).__name__ or "nvvm" in str(e).lower():
-                raise CudaUnavailableError(
-                    f"ptx: NVVM/NVRTC not found ({' '.join(str(e).split())[:160]}); install a "
-                    "CUDA toolkit or the nvidia-nvvm and nvidia-cuda-nvrtc wheels"
-                ) from e
+            _raise_if_toolkit_missing(e, "ptx")
             raise
     return out
