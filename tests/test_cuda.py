@@ -240,6 +240,9 @@ def test_mixed_kinds_dtypes_and_shapes_are_refused():
         kc.attention(d32, d32, d32, sps.make("full", 8), block=2048)
     with pytest.raises(ValueError, match="block: must be an integer"):
         kc.forward(d32, d32, d32, plan(sps.make("full", 8), block=2048))
+    (wide,) = _dev(np.zeros((1, 1, 8, 1025), np.float32))
+    with pytest.raises(ValueError, match=r"head dimension d must be in \[1, 1024\]"):
+        kc.forward(wide, wide, wide, pl)
     with pytest.raises(ValueError, match="lse: shape"):
         kc.backward(d32, d32, d32, d32, d32, d32, pl)
 

@@ -47,10 +47,13 @@ __all__ = [
     "attention",
     "ptx",
     "MAX_BLOCK",
+    "MAX_HEAD_DIM",
 ]
 
 #: Largest tile size: one thread per query row, and a CUDA block has at most 1024 threads.
 MAX_BLOCK = 1024
+#: Largest head dimension: each thread keeps a few rows of ``d`` values in registers / local memory.
+MAX_HEAD_DIM = 1024
 _SHARED_BYTES = 32 * 1024  # shared memory for the two staged (ks, d) tiles of a block
 
 # ``numba.cuda``, bound on first use by :func:`_cuda`. The kernels below look it up as a
@@ -625,8 +628,10 @@ def _check_shapes(plan, arrays: dict[str, Any]) -> tuple[int, int, int, int]:
         raise ValueError(
             f"block: must be an integer [1, {MAX_BLOCK}] for impl='cuda', got {plan.block}"
         )
-    if d < 1:
-        raise ValueError(f"q: head dimension must be >= 1, got {d}")
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"q: head dimension d must be in [1, {MAX_HEAD_DIM}] for impl='cuda', got {d}"
+        )
     return B, H, n, d
 
 
@@ -903,7 +908,7 @@ def ptx(block: int = 64, d: int = 64, dtype: str = "float32",
     from .._validate import check_choice, check_int
 
     block = check_int("block", block, 1, MAX_BLOCK)
-    d = check_int("d", d, 1)
+    d = check_int("d", d, 1, MAX_HEAD_DIM)
     fp64 = check_choice("dtype", dtype, ("float32", "float64")) == "float64"
     c = _cuda()
     if _simulated():
