@@ -51,10 +51,11 @@ def main() -> None:
     for name, params in cases:
         pat = make(name, args.n, **params)
         label = f"{name}({', '.join(f'{k}={v}' for k, v in pat.params.items() if k != 'causal')})"
-        runs = [("formula", pat)]
-        if args.custom:
-            runs.append(("csr", Pattern(pat.heads, name="custom")))
-        for impl, p in runs:
+        runs = ["formula", "csr"] if args.custom else ["formula"]
+        for impl in runs:
+            # formula: a fresh generated pattern (closed-form layout, no CSR built);
+            # csr: the same heads as a custom pattern (layout and bit table from the CSR)
+            p = pat if impl == "formula" else Pattern(pat.heads, name="custom")
             secs, bm = _time(lambda p=p: to_flex_block_mask(p), args.repeats)
             mb = sum(t.numel() * t.element_size() for t in (
                 bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices,
