@@ -475,16 +475,20 @@ _SMALL_FLOPS = 5e7  # below this (about a millisecond), one thread beats waking 
 
 @contextlib.contextmanager
 def _threads_for(flops: float) -> Iterator[None]:
-    """Run small problems on one thread: a parallel region costs more than they do."""
-    if flops >= _SMALL_FLOPS:
-        yield
-        return
+    """Run small problems on one thread (a parallel region costs more than they do);
+    larger ones hand out loop iterations in small chunks, so that a thread slowed down
+    (by uneven rows, or by a busy machine) does not hold the others up."""
     before = numba.get_num_threads()
-    numba.set_num_threads(1)
+    chunk = numba.get_parallel_chunksize()
+    if flops < _SMALL_FLOPS:
+        numba.set_num_threads(1)
+    else:
+        numba.set_parallel_chunksize(2)
     try:
         yield
     finally:
         numba.set_num_threads(before)
+        numba.set_parallel_chunksize(chunk)
 
 
 # --------------------------------------------------------------------- wrappers
