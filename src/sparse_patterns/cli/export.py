@@ -18,7 +18,7 @@ from ._app import (
     pattern_from_args,
 )
 
-__all__ = ["export_cmd", "EXPORT_FORMATS"]
+__all__ = ["export_cmd", "export_pattern", "EXPORT_FORMATS"]
 
 #: ``--format`` choices and the suffix each writes
 EXPORT_FORMATS = {
