@@ -321,7 +321,7 @@ class Pattern:
         (2, 4, 4)
         """
         block = _check_block(block)
-        if self._heads is None and self._lazy is not None and self._lazy[2] is not None:
+        if self._lazy is not None and self._lazy[2] is not None:  # closed form, no CSR pass
             return self._lazy[2](block)
         return BlockLayout.from_pattern(self, block)
 
