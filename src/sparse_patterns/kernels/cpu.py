@@ -246,7 +246,7 @@ def _qblock(q2, k2, v2, o2, l1, base, n, p, I, scale, qperm, kperm, tile_ptr, ti
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
 def _forward(q2, k2, v2, o2, l1, BH, H, scale, G, piece_group, qperm, kperm, tile_ptr,
-             tile_col, tile_mask, masks, block, chunk, precise):  # pragma: no cover - compiled
+             tile_col, tile_mask, masks, block, chunk, seg, precise):  # pragma: no cover - compiled
     """``q2, k2, v2, o2``: ``(B*H*n, d)``; ``l1``: ``(B*H*n,)``; head ``h`` uses group ``h % G``."""
     d = q2.shape[1]
     n = q2.shape[0] // BH
@@ -257,10 +257,11 @@ def _forward(q2, k2, v2, o2, l1, BH, H, scale, G, piece_group, qperm, kperm, til
         l1[i] = -np.inf
         for c in range(d):
             o2[i, c] = 0.0
+    nseg = (nb + seg - 1) // seg  # work items: (batch x head, run of `seg` query blocks)
     for p in range(P):
         g = piece_group[p]
-        for w in prange(BH * nb):
-            bh = w // nb
+        for w in prange(BH * nseg):
+            bh = w // nseg
             if (bh % H) % G != g:
                 continue
             qt = np.empty(block * d, dt)
@@ -272,9 +273,11 @@ def _forward(q2, k2, v2, o2, l1, BH, H, scale, G, piece_group, qperm, kperm, til
             mrow = np.empty(block, dt)
             lrow = np.empty(block, dt)
             cmax = np.empty(block, dt)
-            _qblock(q2, k2, v2, o2, l1, bh * n, n, p, w % nb, scale, qperm, kperm, tile_ptr,
-                    tile_col, tile_mask, masks, block, chunk, precise,
-                    qt, kbuf, vbuf, sbuf, acc, pv, mrow, lrow, cmax)
+            I0 = (w % nseg) * seg
+            for I in range(I0, min(nb, I0 + seg)):
+                _qblock(q2, k2, v2, o2, l1, bh * n, n, p, I, scale, qperm, kperm, tile_ptr,
+                        tile_col, tile_mask, masks, block, chunk, precise,
+                        qt, kbuf, vbuf, sbuf, acc, pv, mrow, lrow, cmax)
 
 
 # --------------------------------------------------------------------- backward
@@ -497,7 +500,7 @@ def _flat(a: np.ndarray) -> np.ndarray:
 
 
 def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,
-            chunk: int = _CHUNK) -> tuple[np.ndarray, np.ndarray]:
+            chunk: int = _CHUNK, seg: int = 8) -> tuple[np.ndarray, np.ndarray]:
     """Forward kernel on C-contiguous float32 or float64 ``(B, H, n, d)`` arrays.
 
     Inputs are assumed validated (:func:`sparse_patterns.kernels.attention` does it).
@@ -526,7 +529,7 @@ def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,
         _forward(_flat(q), _flat(k), _flat(v), _flat(out), lse.reshape(-1), B * H, H,
                  q.dtype.type(scale), plan.num_groups, plan.piece_group, plan.qperm,
                  plan.kperm, plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks,
-                 plan.block, int(chunk), q.dtype == np.float64)
+                 plan.block, int(chunk), int(seg), q.dtype == np.float64)
     return out, lse
 
 
