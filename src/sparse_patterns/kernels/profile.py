@@ -78,7 +78,9 @@ class Measurement:
         larger of the resident-set high-water mark and the peak of
         ``tracemalloc`` (see :func:`profile`, Notes).
     max_err : float or None
-        Largest absolute difference to the float64 oracle on the checked rows.
+        Largest absolute difference to the float64 oracle on the checked rows
+        (None for a baseline that computes another function, such as SDPA's
+        dense causal attention on a sparse causal pattern).
     """
 
     runner: str
@@ -900,7 +902,9 @@ def profile(
                                             initial=0.0))
                 if np.isnan(out[:, :, check_rows]).any():
                     st["err"] = math.inf
-                if same:
+                if not same:
+                    st["err"] = None  # another function (dense causal): no error to report
+                else:
                     st["out"] = out
                     msg = f"oracle on {rows_note}: max error {st['err']:.2g}"
                     if st["err"] > tol:
