@@ -58,6 +58,7 @@ def test_golden_strided_16_every_impl_and_mode():
         ("fixed", 96, {"stride": 16, "c": 4}, 16),
         ("fixed", 70, {"stride": 12, "c": 3, "summary_heads": 2}, 32),
         ("local", 40, {"window": 6}, 64),
+        ("full", 150, {}, 8),  # 19 tiles in a row: several online-softmax chunks
         ("bigbird", 48, {"block": 4, "seed": 2}, 8),
     ],
 )
@@ -119,13 +120,17 @@ def test_plan_can_be_passed_and_mode_must_agree():
 
 @pytest.mark.parametrize("mode", ["multihead", "merged"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_backward_matches_dense_reference(mode, dtype):
-    pat = sps.make("strided", 45, stride=6)
-    q, k, v = qkv((2, 3, 45, 8), dtype)
-    do = qkv((2, 3, 45, 8), dtype, seed=1)[0]
-    out, lse = attention(q, k, v, pat, mode=mode, return_lse=True, block=8)
-    got = attention_backward(q, k, v, out, lse, do, pat, mode=mode, block=8)
-    pl = plan(pat, mode=mode, block=8)
+@pytest.mark.parametrize("name, n, params, block", [
+    ("strided", 45, {"stride": 6}, 8),
+    ("fixed", 130, {"stride": 16, "c": 4}, 8),  # columns of more than one chunk of tiles
+])
+def test_backward_matches_dense_reference(mode, dtype, name, n, params, block):
+    pat = sps.make(name, n, **params)
+    q, k, v = qkv((2, 3, n, 8), dtype)
+    do = qkv((2, 3, n, 8), dtype, seed=1)[0]
+    out, lse = attention(q, k, v, pat, mode=mode, return_lse=True, block=block)
+    got = attention_backward(q, k, v, out, lse, do, pat, mode=mode, block=block)
+    pl = plan(pat, mode=mode, block=block)
     want = reference_backward(q, k, v, out, lse, do, pat, pl, scale=1 / np.sqrt(8))
     for g, w in zip(got, want, strict=True):
         assert g.dtype == dtype
