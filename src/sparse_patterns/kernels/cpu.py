@@ -160,12 +160,16 @@ def _mask_tile(s, r0, nrow, c0, ncol, masks, mi):  # pragma: no cover - compiled
 
 # --------------------------------------------------------------------- forward
 @numba.njit(cache=True, fastmath=_FM)
-def _qblock(q2, k2, v2, o2, l1, base, n, p, I, scale, qperm, kperm, tile_ptr, tile_col,
+def _qblock(q2, kp1, vp1, o2, l1, base, n, p, I, scale, qperm, tile_ptr, tile_col,
             tile_mask, masks, block, chunk, precise, qt, kbuf, vbuf, sbuf, acc, pv, mrow,
             lrow, cmax):  # pragma: no cover - compiled
     """Query block ``I`` of piece ``p`` for one (batch, head), whose rows are
     ``base .. base + n`` of the flattened arrays: online softmax over chunks of
-    tiles, then an exact log-sum-exp merge into ``o2`` and ``l1``."""
+    tiles, then an exact log-sum-exp merge into ``o2`` and ``l1``.
+
+    ``kp1``, ``vp1``: the keys and values already in the piece's key order,
+    flattened; a chunk of consecutive key blocks is used in place, others are
+    copied into ``kbuf``, ``vbuf``."""
     d = q2.shape[1]
     nb = (n + block - 1) // block
     ninf = -np.inf
@@ -185,18 +189,27 @@ def _qblock(q2, k2, v2, o2, l1, base, n, p, I, scale, qperm, kperm, tile_ptr, ti
     pvv = pv[: rows * d].reshape((rows, d))
     for c0 in range(t0, t1, chunk):
         c1 = min(t1, c0 + chunk)
-        nk = 0
-        for t in range(c0, c1):
-            J = tile_col[t]
-            cols = min(block, n - J * block)
-            for x in range(cols):
-                src = base + kperm[p, J * block + x]
-                for c in range(d):
-                    kbuf[(nk + x) * d + c] = k2[src, c]
-                    vbuf[(nk + x) * d + c] = v2[src, c]
-            nk += cols
-        kc = kbuf[: nk * d].reshape((nk, d))
-        vc = vbuf[: nk * d].reshape((nk, d))
+        J0 = tile_col[c0]
+        run = True
+        for t in range(c0 + 1, c1):
+            if tile_col[t] != J0 + (t - c0):
+                run = False
+        if run:
+            lo = (base + J0 * block) * d
+            nk = min(n, (J0 + c1 - c0) * block) - J0 * block
+            kc = kp1[lo: lo + nk * d].reshape((nk, d))
+            vc = vp1[lo: lo + nk * d].reshape((nk, d))
+        else:
+            nk = 0
+            for t in range(c0, c1):
+                J = tile_col[t]
+                cols = min(block, n - J * block)
+                lo = (base + J * block) * d
+                kbuf[nk * d: (nk + cols) * d] = kp1[lo: lo + cols * d]
+                vbuf[nk * d: (nk + cols) * d] = vp1[lo: lo + cols * d]
+                nk += cols
+            kc = kbuf[: nk * d].reshape((nk, d))
+            vc = vbuf[: nk * d].reshape((nk, d))
         s = sbuf[: rows * nk].reshape((rows, nk))
         np.dot(qv, kc.T, s)
         off = 0
@@ -244,40 +257,69 @@ def _qblock(q2, k2, v2, o2, l1, base, n, p, I, scale, qperm, kperm, tile_ptr, ti
             l1[i] = new
 
 
+@numba.njit(parallel=True, cache=True)
+def _permute_rows(x2, perm, p, BH, out1):  # pragma: no cover - compiled
+    """``out1`` (flattened ``(BH*n, d)``): the rows of every (batch, head) of ``x2``
+    in the order ``perm[p]``."""
+    d = x2.shape[1]
+    n = perm.shape[1]
+    for w in prange(BH * n):
+        src = (w // n) * n + perm[p, w % n]
+        for c in range(d):
+            out1[w * d + c] = x2[src, c]
+
+
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
-def _forward(q2, k2, v2, o2, l1, BH, H, scale, G, piece_group, qperm, kperm, tile_ptr,
-             tile_col, tile_mask, masks, block, chunk, seg, precise):  # pragma: no cover - compiled
-    """``q2, k2, v2, o2``: ``(B*H*n, d)``; ``l1``: ``(B*H*n,)``; head ``h`` uses group ``h % G``."""
+def _forward_piece(q2, kp1, vp1, o2, l1, BH, H, scale, G, g, p, qperm, tile_ptr,
+                   tile_col, tile_mask, masks, block, chunk, seg,
+                   precise):  # pragma: no cover - compiled
+    """Piece ``p`` (softmax group ``g``) of every (batch, head) whose group is ``g``."""
     d = q2.shape[1]
     n = q2.shape[0] // BH
     nb = (n + block - 1) // block
-    P = piece_group.size
     dt = q2.dtype
-    for i in prange(BH * n):
-        l1[i] = -np.inf
-        for c in range(d):
-            o2[i, c] = 0.0
     nseg = (nb + seg - 1) // seg  # work items: (batch x head, run of `seg` query blocks)
-    for p in range(P):
-        g = piece_group[p]
-        for w in prange(BH * nseg):
-            bh = w // nseg
-            if (bh % H) % G != g:
-                continue
-            qt = np.empty(block * d, dt)
-            kbuf = np.empty(chunk * block * d, dt)
-            vbuf = np.empty(chunk * block * d, dt)
-            sbuf = np.empty(block * chunk * block, dt)
-            acc = np.empty((block, d), dt)
-            pv = np.empty(block * d, dt)
-            mrow = np.empty(block, dt)
-            lrow = np.empty(block, dt)
-            cmax = np.empty(block, dt)
-            I0 = (w % nseg) * seg
-            for I in range(I0, min(nb, I0 + seg)):
-                _qblock(q2, k2, v2, o2, l1, bh * n, n, p, I, scale, qperm, kperm, tile_ptr,
-                        tile_col, tile_mask, masks, block, chunk, precise,
-                        qt, kbuf, vbuf, sbuf, acc, pv, mrow, lrow, cmax)
+    for w in prange(BH * nseg):
+        bh = w // nseg
+        if (bh % H) % G != g:
+            continue
+        qt = np.empty(block * d, dt)
+        kbuf = np.empty(chunk * block * d, dt)
+        vbuf = np.empty(chunk * block * d, dt)
+        sbuf = np.empty(block * chunk * block, dt)
+        acc = np.empty((block, d), dt)
+        pv = np.empty(block * d, dt)
+        mrow = np.empty(block, dt)
+        lrow = np.empty(block, dt)
+        cmax = np.empty(block, dt)
+        I0 = (w % nseg) * seg
+        for I in range(I0, min(nb, I0 + seg)):
+            _qblock(q2, kp1, vp1, o2, l1, bh * n, n, p, I, scale, qperm, tile_ptr,
+                    tile_col, tile_mask, masks, block, chunk, precise,
+                    qt, kbuf, vbuf, sbuf, acc, pv, mrow, lrow, cmax)
+
+
+def _forward(q2, k2, v2, o2, l1, BH, H, scale, G, piece_group, qperm, kperm, tile_ptr,
+             tile_col, tile_mask, masks, block, chunk, seg, precise):
+    """``q2, k2, v2, o2``: ``(B*H*n, d)``; ``l1``: ``(B*H*n,)``; head ``h`` uses group
+    ``h % G``. Keys and values are put in each piece's key order once (one buffer
+    pair reused by the pieces), so that the tiles read contiguous rows."""
+    n = q2.shape[0] // BH
+    l1[:] = -np.inf
+    o2[:] = 0.0
+    kp1 = vp1 = None
+    ident = np.arange(n, dtype=kperm.dtype)
+    for p in range(piece_group.size):
+        if np.array_equal(kperm[p], ident):
+            kq, vq = k2.reshape(-1), v2.reshape(-1)
+        else:
+            if kp1 is None:
+                kp1, vp1 = np.empty(k2.size, k2.dtype), np.empty(v2.size, v2.dtype)
+            _permute_rows(k2, kperm, p, BH, kp1)
+            _permute_rows(v2, kperm, p, BH, vp1)
+            kq, vq = kp1, vp1
+        _forward_piece(q2, kq, vq, o2, l1, BH, H, scale, G, int(piece_group[p]), p, qperm,
+                       tile_ptr, tile_col, tile_mask, masks, block, chunk, seg, precise)
 
 
 # --------------------------------------------------------------------- backward
