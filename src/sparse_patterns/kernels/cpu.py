@@ -1,10 +1,12 @@
 """The CPU kernel (``impl="numba"``): fused sparse attention over an ExecutionPlan.
 
-Forward: for every piece of the plan, in parallel over (batch x head, query
-block), gather the query tile and the keys and values of a chunk of its tiles
-into contiguous buffers, compute the scores with one matrix product, mask the
-partial tiles, and update an online softmax (running max, running sum, rescaled
-accumulator). The piece's normalized output and log-sum-exp are then merged
+Forward: for every piece of the plan, the keys and values are first put in the
+piece's key order (once per call), so that a chunk of consecutive key blocks is
+a contiguous slice; then, in parallel over (batch x head, run of query blocks),
+the scores of the query tile against a chunk of tiles are computed transposed
+(keys x queries, one ``K @ Q^T`` product), the partial tiles masked, and an
+online softmax (running max, running sum, rescaled accumulator) updated with
+loops vectorized across the queries. The piece's normalized output and log-sum-exp are then merged
 exactly into the output by log-sum-exp, so several pieces of one softmax (a
 window in natural order, a stride in ``i mod l`` order) give one softmax. Nothing
 of size ``n x n`` is ever allocated.
@@ -21,8 +23,9 @@ Three details decide the speed on a CPU without SVML:
   polynomial in ``r``, relative error below 1e-7) written so LLVM vectorizes it,
   building ``2**n`` with a bitcast; the float64 path keeps ``math.exp``;
 * the row max: a float max reduction is not vectorized without fast-math (which
-  would drop NaN semantics), so it is an integer max over order-preserving keys of
-  the float bit patterns;
+  would drop NaN semantics), so the forward keeps the scores transposed and takes
+  elementwise maxima across the queries (the backward's helper uses an integer
+  max over order-preserving keys of the float bit patterns);
 * the matrix products are ``np.dot`` on contiguous buffers (BLAS ``gemm``), with
   the BLAS library held to one thread while the kernel runs, since every kernel
   thread calls it.
@@ -158,11 +161,69 @@ def _mask_tile(s, r0, nrow, c0, ncol, masks, mi):  # pragma: no cover - compiled
                 s[r0 + r, c0 + c] = s[r0 + r, c0 + c] if keep else ninf
 
 
+@numba.njit(cache=True)
+def _mask_tile_t(st, c0, ncol, nrow, masks, mi):  # pragma: no cover - compiled
+    """``-inf`` where partial tile ``mi`` is unset, in transposed scores: tile
+    column ``c`` (a key) is row ``c0 + c`` of ``st``, tile row ``r`` its column ``r``."""
+    W = masks.shape[2]
+    ninf = st.dtype.type(-np.inf)
+    for r in range(nrow):
+        for w in range(W):
+            bits = masks[mi, r, w]
+            lo = w * 64
+            hi = min(ncol, lo + 64)
+            for c in range(lo, hi):
+                if not ((bits >> np.uint64(c - lo)) & np.uint64(1)):
+                    st[c0 + c, r] = ninf
+
+
+@numba.njit(cache=True, fastmath=_FM)
+def _softmax_cols(st, nk, rows, mrow, cmax, msub, csum, precise):  # pragma: no cover - compiled
+    """Online-softmax step on transposed scores ``st`` (``nk`` keys x ``rows``
+    queries), vectorized across the queries: ``cmax`` = max of ``mrow`` and each
+    column (NaN if the column has one), ``st = exp(st - cmax)`` (0 for a column
+    whose max is ``-inf``), ``csum`` = the column sums."""
+    F = st.dtype.type
+    ninf = F(-np.inf)
+    for r in range(rows):
+        cmax[r] = mrow[r]
+    for j in range(nk):
+        for r in range(rows):
+            x = st[j, r]
+            m = cmax[r]
+            cmax[r] = x if (x > m or x != x) else m
+    for r in range(rows):
+        msub[r] = cmax[r] if cmax[r] != ninf else F(0.0)
+        csum[r] = F(0.0)
+    if precise:
+        for j in range(nk):
+            for r in range(rows):
+                y = math.exp(st[j, r] - msub[r])
+                st[j, r] = y
+                csum[r] += y
+        return
+    G = np.float32
+    for j in range(nk):
+        for r in range(rows):
+            x = G(st[j, r]) - G(msub[r])
+            xc = x if x > G(-87.0) else G(-87.0)
+            nf = np.floor(xc * G(_LOG2E) + G(0.5))
+            rr = xc - nf * G(0.693359375) - nf * G(-2.12194440e-4)
+            z = rr * rr
+            y = (((((G(1.9875691500e-4) * rr + G(1.3981999507e-3)) * rr
+                    + G(8.3334519073e-3)) * rr + G(4.1665795894e-2)) * rr
+                  + G(1.6666665459e-1)) * rr + G(5.0000001201e-1)) * z
+            y = (y + rr + G(1.0)) * _bits_to_f32((np.int32(nf) + 127) << 23)
+            y = y if x >= G(-87.0) else (x if x != x else G(0.0))
+            st[j, r] = y
+            csum[r] += y
+
+
 # --------------------------------------------------------------------- forward
 @numba.njit(cache=True, fastmath=_FM)
 def _qblock(q2, kp1, vp1, o2, l1, base, n, p, I, scale, qperm, tile_ptr, tile_col,
             tile_mask, masks, block, chunk, precise, qt, kbuf, vbuf, sbuf, acc, pv, mrow,
-            lrow, cmax):  # pragma: no cover - compiled
+            lrow, cmax, msub, csum):  # pragma: no cover - compiled
     """Query block ``I`` of piece ``p`` for one (batch, head), whose rows are
     ``base .. base + n`` of the flattened arrays: online softmax over chunks of
     tiles, then an exact log-sum-exp merge into ``o2`` and ``l1``.
@@ -178,11 +239,11 @@ def _qblock(q2, kp1, vp1, o2, l1, base, n, p, I, scale, qperm, tile_ptr, tile_co
     if t0 == t1:
         return
     rows = min(block, n - I * block)
-    qv = qt[: rows * d].reshape((rows, d))
+    qT = qt[: d * rows].reshape((d, rows))  # transposed: scores are keys x queries
     for r in range(rows):
         src = base + qperm[p, I * block + r]
         for c in range(d):
-            qv[r, c] = q2[src, c] * scale
+            qT[c, r] = q2[src, c] * scale
             acc[r, c] = 0.0
         mrow[r] = ninf
         lrow[r] = 0.0
@@ -210,29 +271,22 @@ def _qblock(q2, kp1, vp1, o2, l1, base, n, p, I, scale, qperm, tile_ptr, tile_co
                 nk += cols
             kc = kbuf[: nk * d].reshape((nk, d))
             vc = vbuf[: nk * d].reshape((nk, d))
-        s = sbuf[: rows * nk].reshape((rows, nk))
-        np.dot(qv, kc.T, s)
+        st = sbuf[: nk * rows].reshape((nk, rows))
+        np.dot(kc, qT, st)
         off = 0
         for t in range(c0, c1):
             cols = min(block, n - tile_col[t] * block)
             if tile_mask[t] >= 0:
-                _mask_tile(s, 0, rows, off, cols, masks, tile_mask[t])
+                _mask_tile_t(st, off, cols, rows, masks, tile_mask[t])
             off += cols
-        for r in range(rows):
-            m = _row_max(s, r, nk, mrow[r])
-            cmax[r] = m
-            if m == ninf:
-                for c in range(nk):
-                    s[r, c] = 0.0
-            else:
-                _exp_sub_row(s, r, nk, m, precise)
-        np.dot(s, vc, pvv)
+        _softmax_cols(st, nk, rows, mrow, cmax, msub, csum, precise)
+        np.dot(st.T, vc, pvv)
         for r in range(rows):
             m = cmax[r]
             if m == ninf:
                 continue
             alpha = math.exp(mrow[r] - m) if mrow[r] != ninf else 0.0
-            lrow[r] = lrow[r] * alpha + _row_sum(s, r, nk)
+            lrow[r] = lrow[r] * alpha + csum[r]
             mrow[r] = m
             for c in range(d):
                 acc[r, c] = acc[r, c] * alpha + pvv[r, c]
@@ -263,10 +317,11 @@ def _permute_rows(x2, perm, p, BH, out1):  # pragma: no cover - compiled
     in the order ``perm[p]``."""
     d = x2.shape[1]
     n = perm.shape[1]
-    for w in prange(BH * n):
-        src = (w // n) * n + perm[p, w % n]
-        for c in range(d):
-            out1[w * d + c] = x2[src, c]
+    R = 512  # rows per work item (the loop may be handed out in small chunks)
+    for u in prange((BH * n + R - 1) // R):
+        for w in range(u * R, min(BH * n, (u + 1) * R)):
+            src = (w // n) * n + perm[p, w % n]
+            out1[w * d: (w + 1) * d] = x2[src]
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
@@ -292,11 +347,13 @@ def _forward_piece(q2, kp1, vp1, o2, l1, BH, H, scale, G, g, p, qperm, tile_ptr,
         mrow = np.empty(block, dt)
         lrow = np.empty(block, dt)
         cmax = np.empty(block, dt)
+        msub = np.empty(block, dt)
+        csum = np.empty(block, dt)
         I0 = (w % nseg) * seg
         for I in range(I0, min(nb, I0 + seg)):
             _qblock(q2, kp1, vp1, o2, l1, bh * n, n, p, I, scale, qperm, tile_ptr,
                     tile_col, tile_mask, masks, block, chunk, precise,
-                    qt, kbuf, vbuf, sbuf, acc, pv, mrow, lrow, cmax)
+                    qt, kbuf, vbuf, sbuf, acc, pv, mrow, lrow, cmax, msub, csum)
 
 
 def _forward(q2, k2, v2, o2, l1, BH, H, scale, G, piece_group, qperm, kperm, tile_ptr,
