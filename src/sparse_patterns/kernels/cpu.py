@@ -167,14 +167,15 @@ def _mask_tile_t(st, c0, ncol, nrow, masks, mi):  # pragma: no cover - compiled
     column ``c`` (a key) is row ``c0 + c`` of ``st``, tile row ``r`` its column ``r``."""
     W = masks.shape[2]
     ninf = st.dtype.type(-np.inf)
-    for r in range(nrow):
-        for w in range(W):
-            bits = masks[mi, r, w]
-            lo = w * 64
-            hi = min(ncol, lo + 64)
-            for c in range(lo, hi):
-                if not ((bits >> np.uint64(c - lo)) & np.uint64(1)):
-                    st[c0 + c, r] = ninf
+    for w in range(W):
+        lo = w * 64
+        hi = min(ncol, lo + 64)
+        for c in range(lo, hi):
+            sh = np.uint64(c - lo)
+            row = st[c0 + c]
+            for r in range(nrow):  # contiguous in st and in masks[mi, :, w] (W = 1)
+                keep = (masks[mi, r, w] >> sh) & np.uint64(1)
+                row[r] = row[r] if keep else ninf
 
 
 @numba.njit(cache=True, fastmath=_FM)
