@@ -53,22 +53,38 @@ def cli_command(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def parse_params(name: str, args: Sequence[str]) -> dict[str, str | bool]:
+def parse_params(name: str | Sequence[str], args: Sequence[str]) -> dict[str, str | bool]:
     """Parse ``--param value`` / ``--flag`` / ``--no-flag`` for pattern ``name``.
 
     Dashes stand for underscores (``--summary-heads 2``). A parameter the
-    pattern does not take is an error listing the ones it takes.
+    pattern does not take is an error listing the ones it takes. With several
+    names (``patterns profile strided fixed``) an option must be taken by at
+    least one of them.
+
+    Examples
+    --------
+    >>> parse_params("fixed", ["--stride", "8", "--summary-heads=2", "--no-causal"])
+    {'stride': '8', 'summary_heads': '2', 'causal': False}
+    >>> parse_params(["strided", "fixed"], ["--c", "2"])
+    {'c': '2'}
     """
-    spec = registry.get(name)
-    known = {p.name: p for p in spec.params}
+    names = [name] if isinstance(name, str) else list(name)
+    known: dict[str, registry.Param] = {}
+    for nm in names:
+        for p in registry.get(nm).params:
+            known.setdefault(p.name, p)
     takes = ", ".join("--" + k.replace("_", "-") for k in known) or "no parameters"
+    if isinstance(name, str):
+        who, no_such = f"pattern {name!r}", "takes no such option; it takes"
+    else:
+        who, no_such = f"none of the patterns {', '.join(names)}", "takes it; they take"
     out: dict[str, str | bool] = {}
     k = 0
     args = list(args)
     while k < len(args):
         tok = args[k]
         if not tok.startswith("--"):
-            raise UsageError(f"{tok}: unexpected argument; pattern {name!r} takes {takes}")
+            raise UsageError(f"{tok}: unexpected argument; the pattern options are {takes}")
         key, eq, val = tok[2:].partition("=")
         key = key.replace("-", "_")
         if key.startswith("no_") and key[3:] in known and known[key[3:]].type is bool and not eq:
@@ -76,7 +92,7 @@ def parse_params(name: str, args: Sequence[str]) -> dict[str, str | bool]:
             k += 1
             continue
         if key not in known:
-            raise UsageError(f"--{key.replace('_', '-')}: pattern {name!r} takes no such option; it takes {takes}")
+            raise UsageError(f"--{key.replace('_', '-')}: {who} {no_such} {takes}")
         p = known[key]
         if eq:
             out[key] = val

@@ -15,6 +15,7 @@ from ._app import (
     emit_json,
     err_console,
     parse_ns,
+    parse_params,
 )
 
 __all__ = ["profile_cmd", "parse_shared_params"]
@@ -31,40 +32,7 @@ def parse_shared_params(names: list[str], args: list[str]) -> dict[str, str | bo
     >>> parse_shared_params(["strided", "fixed"], ["--stride", "sqrt", "--no-causal"])
     {'stride': 'sqrt', 'causal': False}
     """
-    known: dict[str, registry.Param] = {}
-    for name in names:
-        for p in registry.get(name).params:
-            known.setdefault(p.name, p)
-    takes = ", ".join("--" + k.replace("_", "-") for k in known) or "no parameters"
-    out: dict[str, str | bool] = {}
-    k = 0
-    while k < len(args):
-        tok = args[k]
-        if not tok.startswith("--"):
-            raise UsageError(f"{tok}: unexpected argument; give the pattern names first, then "
-                             f"their options ({takes})")
-        key, eq, val = tok[2:].partition("=")
-        key = key.replace("-", "_")
-        if key.startswith("no_") and key[3:] in known and known[key[3:]].type is bool and not eq:
-            out[key[3:]] = False
-            k += 1
-            continue
-        if key not in known:
-            raise UsageError(f"--{key.replace('_', '-')}: none of the patterns "
-                             f"{', '.join(names)} takes it; they take {takes}")
-        p = known[key]
-        if eq:
-            out[key] = val
-            k += 1
-        elif p.type is bool and (k + 1 == len(args) or args[k + 1].startswith("--")):
-            out[key] = True
-            k += 1
-        else:
-            if k + 1 == len(args):
-                raise UsageError(f"--{key.replace('_', '-')}: needs a value")
-            out[key] = args[k + 1]
-            k += 2
-    return out
+    return parse_params(names, args)
 
 
 def _split(ctx_args: list[str]) -> tuple[list[str], list[str]]:
