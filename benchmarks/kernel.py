@@ -108,8 +108,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cold", action="store_true", help="also time a cold compile")
+    ap.add_argument("--block", type=int, default=64, help="tile size of the plans (default 64)")
     ap.add_argument("--memory-child", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    print(f"plan block: {args.block} tokens (memory figure: block 64)")
     if args.memory_child:
         memory_child(args.memory_child)
         return
@@ -118,12 +120,12 @@ def main() -> None:
 
     x = inputs(64)
     t = time.perf_counter()
-    attention(*x, sps.make("strided", 64, stride=8), mode="merged")
+    attention(*x, sps.make("strided", 64, stride=8), mode="merged", block=args.block)
     first_fwd = time.perf_counter() - t
-    o, lse = attention(*x, sps.make("strided", 64, stride=8), mode="merged", return_lse=True)
+    o, lse = attention(*x, sps.make("strided", 64, stride=8), mode="merged", return_lse=True, block=args.block)
     t = time.perf_counter()
     attention_backward(*x, o, lse, np.ones_like(o), sps.make("strided", 64, stride=8),
-                       mode="merged")
+                       mode="merged", block=args.block)
     first_bwd = time.perf_counter() - t
     print(f"first call (numba cache load or compile): forward {first_fwd:.2f} s, "
           f"backward {first_bwd:.2f} s")
@@ -147,9 +149,9 @@ def main() -> None:
     res = {}
     for name, target in (("strided", 20), ("fixed", 5)):
         pat = pattern(name, n)
-        pl = plan(pat, mode="merged")
-        attention(q, k, v, pat, mode="merged")
-        t = best(lambda pat=pat: attention(q, k, v, pat, mode="merged"), args.repeats)
+        pl = plan(pat, mode="merged", block=args.block)
+        attention(q, k, v, pat, mode="merged", block=args.block)
+        t = best(lambda pat=pat: attention(q, k, v, pat, mode="merged", block=args.block), args.repeats)
         useful, computed = pl.flops(B, H, D)
         res[name] = t
         print(f"{name:8s} n={n}: {t * 1e3:7.1f} ms  {t_sdpa / t:5.1f}x SDPA (target >= {target}x)"
@@ -157,19 +159,19 @@ def main() -> None:
               f" (target >= 40%)  computed/useful {pl.ratio:.2f}  [{', '.join(pl.piece_kind)}]")
 
     pat = pattern("strided", n)
-    o, lse = attention(q, k, v, pat, mode="merged", return_lse=True)
+    o, lse = attention(q, k, v, pat, mode="merged", return_lse=True, block=args.block)
     do = np.ones_like(o)
-    attention_backward(q, k, v, o, lse, do, pat, mode="merged")
-    t_b = best(lambda: attention_backward(q, k, v, o, lse, do, pat, mode="merged"), args.repeats)
+    attention_backward(q, k, v, o, lse, do, pat, mode="merged", block=args.block)
+    t_b = best(lambda: attention_backward(q, k, v, o, lse, do, pat, mode="merged", block=args.block), args.repeats)
     print(f"backward strided n={n}: {t_b * 1e3:.0f} ms = {t_b / res['strided']:.2f}x forward "
           "(target <= 3x)")
 
     n2 = 65536
     q2, k2, v2 = inputs(n2)
     pat2 = pattern("strided", n2)
-    plan(pat2, mode="merged")
-    attention(q2, k2, v2, pat2, mode="merged")
-    t2 = best(lambda: attention(q2, k2, v2, pat2, mode="merged"), max(1, args.repeats - 1))
+    plan(pat2, mode="merged", block=args.block)
+    attention(q2, k2, v2, pat2, mode="merged", block=args.block)
+    t2 = best(lambda: attention(q2, k2, v2, pat2, mode="merged", block=args.block), max(1, args.repeats - 1))
     print(f"strided n={n2} (l={pat2.params['stride']}): {t2 * 1e3:.0f} ms = "
           f"{t2 / res['strided']:.1f}x n={n} (target <= 10x; 16x is quadratic)")
 
