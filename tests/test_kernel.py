@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import random_patterns as _random_patterns
 
 import sparse_patterns as sps
 from sparse_patterns import Pattern
@@ -66,24 +66,8 @@ def test_patterns_match_oracle(name, n, params, block, mode, dtype):
     check(sps.make(name, n, **params), mode, dtype, block=block)
 
 
-@st.composite
-def random_patterns(draw):
-    n = draw(st.integers(1, 30))
-    p = draw(st.integers(1, 3))
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    causal = draw(st.booleans())
-    heads = []
-    for _ in range(p):
-        density = draw(st.sampled_from([0.0, 0.05, 0.2, 0.6, 1.0]))  # very different densities
-        m = rng.random((n, n)) < density
-        if draw(st.booleans()):  # rows with a single key
-            rows = rng.random(n) < 0.4
-            m[rows] = False
-            m[rows, rng.integers(0, n, rows.sum())] = True
-        if causal:
-            m = np.tril(m)
-        heads.append(sp.csr_matrix(m))
-    return Pattern(heads, causal=causal)
+def random_patterns():
+    return _random_patterns(max_n=30, densities=(0.0, 0.05, 0.2, 0.6, 1.0), single_key=0.4)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

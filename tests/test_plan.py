@@ -6,9 +6,9 @@ from collections import Counter
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import random_patterns as _random_patterns
 
 import sparse_patterns as sps
 from sparse_patterns import Pattern
@@ -117,25 +117,8 @@ def test_strided_is_permuted_and_fixed_keys_compacted():
     assert pl.piece_kind[0] == "identity" and pl.piece_kind[1].startswith("keys(")
 
 
-@st.composite
-def random_patterns(draw):
-    n = draw(st.integers(1, 40))
-    p = draw(st.integers(1, 3))
-    seed = draw(st.integers(0, 2**32 - 1))
-    causal = draw(st.booleans())
-    rng = np.random.default_rng(seed)
-    heads = []
-    for _ in range(p):
-        density = draw(st.sampled_from([0.0, 0.02, 0.1, 0.5, 1.0]))
-        m = rng.random((n, n)) < density
-        if draw(st.booleans()):  # rows with a single key
-            rows = rng.random(n) < 0.3
-            m[rows] = False
-            m[rows, rng.integers(0, n, rows.sum())] = True
-        if causal:
-            m = np.tril(m)
-        heads.append(sp.csr_matrix(m))
-    return Pattern(heads, causal=causal)
+def random_patterns():
+    return _random_patterns(max_n=40, densities=(0.0, 0.02, 0.1, 0.5, 1.0), single_key=0.3)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
