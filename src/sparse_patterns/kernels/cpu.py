@@ -1,15 +1,17 @@
 """The CPU kernel (``impl="numba"``): fused sparse attention over an ExecutionPlan.
 
-Forward: for every piece of the plan, the keys and values are first put in the
-piece's key order (once per call), so that a chunk of consecutive key blocks is
-a contiguous slice; then, in parallel over (batch x head, run of query blocks),
-the scores of the query tile against a chunk of tiles are computed transposed
-(keys x queries, one ``K @ Q^T`` product), the partial tiles masked, and an
-online softmax (running max, running sum, rescaled accumulator) updated with
-loops vectorized across the queries. The piece's normalized output and log-sum-exp are then merged
-exactly into the output by log-sum-exp, so several pieces of one softmax (a
-window in natural order, a stride in ``i mod l`` order) give one softmax. Nothing
-of size ``n x n`` is ever allocated.
+Forward: the pieces of one softmax group continue a single online softmax per
+token (running max ``m``, running sum ``l``, unnormalized output), so no
+log-sum-exp merge is needed between them: the first piece of a group starts the
+state, the last one normalizes it. A piece whose key blocks are not runs of
+consecutive tokens first has its used key and value rows put in its order, once
+per call (a ``residue(s)`` order is copied in 16 x 16 cells of the ``(n/s) x s``
+grid, so reads and writes are runs of rows). Then, in parallel over (batch x
+head, run of query blocks), the scores of a query tile against a chunk of key
+tiles are computed transposed (keys x queries, one BLAS ``gemm`` on ``Q^T``), the
+partial tiles masked, the online softmax updated with loops vectorized across the
+queries, and ``P V`` added into the tile's output buffer. Nothing of size
+``n x n`` is ever allocated.
 
 Backward: recomputes the probabilities from the saved log-sum-exp, in parallel
 over (batch x head); for every piece and key block it gathers the query rows of
@@ -26,9 +28,13 @@ Three details decide the speed on a CPU without SVML:
   would drop NaN semantics), so the forward keeps the scores transposed and takes
   elementwise maxima across the queries (the backward's helper uses an integer
   max over order-preserving keys of the float bit patterns);
-* the matrix products are ``np.dot`` on contiguous buffers (BLAS ``gemm``), with
-  the BLAS library held to one thread while the kernel runs, since every kernel
-  thread calls it.
+* the matrix products call BLAS ``?gemm`` directly (numba's own entry point,
+  the one ``np.dot`` uses) with leading dimensions, scale and ``beta``, in the
+  ``NN``/``NT`` forms that OpenBLAS's small-matrix kernels run fastest (a ``TN``
+  score product was 1.5x slower; rows 32 KB apart, as a stride-128 head's keys
+  are in natural order, 2-3x slower: hence the copies above), with the BLAS
+  library held to one thread while the kernel runs, since every kernel thread
+  calls it.
 """
 
 from __future__ import annotations
@@ -43,8 +49,9 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import prange
-from numba.core import types
+from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
+from numba.np.linalg import ensure_blas
 
 __all__ = ["forward", "backward", "single_threaded_blas"]
 
@@ -220,60 +227,160 @@ def _softmax_cols(st, nk, rows, mrow, cmax, msub, csum, precise):  # pragma: no 
             csum[r] += y
 
 
-# --------------------------------------------------------------------- forward
-@numba.njit(cache=True, fastmath=_FM)
-def _qblock(q2, kp1, vp1, o2, l1, base, n, p, I, scale, qperm, tile_ptr, tile_col,
-            tile_mask, masks, block, chunk, precise, qt, kbuf, vbuf, sbuf, acc, pv, mrow,
-            lrow, cmax, msub, csum):  # pragma: no cover - compiled
-    """Query block ``I`` of piece ``p`` for one (batch, head), whose rows are
-    ``base .. base + n`` of the flattened arrays: online softmax over chunks of
-    tiles, then an exact log-sum-exp merge into ``o2`` and ``l1``.
+# --------------------------------------------------------------------- BLAS
+@intrinsic
+def _gemm(typingctx, ta, tb, m, n, k, alpha, a, aoff, lda, b, boff, ldb, beta, c, coff,
+          ldc):  # pragma: no cover - compiled
+    """Column-major ``C = alpha op(A) op(B) + beta C`` (BLAS ``?gemm``) on flat arrays.
 
-    ``kp1``, ``vp1``: the keys and values already in the piece's key order,
-    flattened; a chunk of consecutive key blocks is used in place, others are
-    copied into ``kbuf``, ``vbuf``."""
-    d = q2.shape[1]
+    ``a``, ``b``, ``c``: 1-D arrays of one float dtype; the matrices start at
+    element offsets ``aoff``, ``boff``, ``coff`` with leading dimensions ``lda``,
+    ``ldb``, ``ldc`` (in elements), so strided row sets are used in place.
+    ``ta``, ``tb``: ``ord("N")`` or ``ord("T")``. Calls numba's own BLAS entry
+    (``numba_xxgemm``, scipy's BLAS), the one ``np.dot`` uses.
+    """
+    if not (isinstance(a, types.Array) and a.ndim == 1 and a.dtype in (types.float32, types.float64)):
+        return None
+    dt = a.dtype
+    sig = types.int32(ta, tb, m, n, k, alpha, a, aoff, lda, b, boff, ldb, beta, c, coff, ldc)
+
+    def codegen(context, builder, signature, args):
+        (ta_, tb_, m_, n_, k_, al_, a_, ao_, lda_, b_, bo_, ldb_, be_, c_, co_, ldc_) = args
+        ty = signature.args
+        ll_char = ir.IntType(8)
+        intp = context.get_value_type(types.intp)
+        vp = ir.IntType(8).as_pointer()
+        fnty = ir.FunctionType(ir.IntType(32), [ll_char, ll_char, ll_char, intp, intp, intp,
+                                                vp, vp, intp, vp, intp, vp, vp, intp])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "numba_xxgemm")
+
+        def num(v, t, to=types.intp):
+            return context.cast(builder, v, t, to)
+
+        def ptr(v, t, off, offt):
+            ary = context.make_array(t)(context, builder, v)
+            return builder.bitcast(builder.gep(ary.data, [num(off, offt)]), vp)
+
+        def slot(v, t):
+            return builder.bitcast(cgutils.alloca_once_value(builder, num(v, t, dt)), vp)
+
+        kind = ir.Constant(ll_char, ord("s" if dt == types.float32 else "d"))
+        return builder.call(fn, (
+            kind, builder.trunc(num(ta_, ty[0]), ll_char), builder.trunc(num(tb_, ty[1]), ll_char),
+            num(m_, ty[2]), num(n_, ty[3]), num(k_, ty[4]), slot(al_, ty[5]),
+            ptr(a_, ty[6], ao_, ty[7]), num(lda_, ty[8]), ptr(b_, ty[9], bo_, ty[10]),
+            num(ldb_, ty[11]), slot(be_, ty[12]), ptr(c_, ty[13], co_, ty[14]), num(ldc_, ty[15])))
+
+    return sig, codegen
+
+
+_N, _T = ord("N"), ord("T")
+
+
+# --------------------------------------------------------------------- forward
+@numba.njit(cache=True)
+def _block_steps(perm, block):  # pragma: no cover - compiled
+    """``(start, step)`` int64 ``(P, nb)``: block ``J`` of piece ``p`` is the tokens
+    ``start + step * x`` (``x < block``) when they form such a progression with
+    ``step >= 1``; ``step = 0`` marks a block that must be gathered."""
+    P, n = perm.shape
+    nb = (n + block - 1) // block
+    start = np.empty((P, nb), np.int64)
+    step = np.zeros((P, nb), np.int64)
+    for p in range(P):
+        for J in range(nb):
+            x0 = J * block
+            x1 = min(n, x0 + block)
+            start[p, J] = perm[p, x0]
+            s = 1 if x1 - x0 == 1 else perm[p, x0 + 1] - perm[p, x0]
+            ok = s >= 1
+            for x in range(x0 + 1, x1):
+                if perm[p, x] - perm[p, x - 1] != s:
+                    ok = False
+                    break
+            step[p, J] = s if ok else 0
+    return start, step
+
+
+@numba.njit(cache=True, fastmath=_FM)
+def _exp_rows(x, rows, precise):  # pragma: no cover - compiled
+    """``x[:rows] = exp(x[:rows])``, vectorized for float32 (``-inf`` -> 0, NaN stays)."""
+    if precise:
+        for r in range(rows):
+            x[r] = math.exp(x[r])
+        return
+    G = np.float32
+    for r in range(rows):
+        xv = G(x[r])
+        xc = xv if xv > G(-87.0) else G(-87.0)
+        nf = np.floor(xc * G(_LOG2E) + G(0.5))
+        rr = xc - nf * G(0.693359375) - nf * G(-2.12194440e-4)
+        z = rr * rr
+        y = (((((G(1.9875691500e-4) * rr + G(1.3981999507e-3)) * rr
+                + G(8.3334519073e-3)) * rr + G(4.1665795894e-2)) * rr
+              + G(1.6666665459e-1)) * rr + G(5.0000001201e-1)) * z
+        y = (y + rr + G(1.0)) * _bits_to_f32((np.int32(nf) + 127) << 23)
+        x[r] = y if xv >= G(-87.0) else (xv if xv != xv else G(0.0))
+
+
+@numba.njit(cache=True, fastmath=_FM)
+def _qblock(q1, k1, v1, o1, m1, l1, base, n, d, p, I, scale, first, last, qperm, kperm_used,
+            kstart, kstep, tile_ptr, tile_col, tile_mask, masks, block, chunk, precise, qbuf,
+            kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha):  # pragma: no cover - compiled
+    """Query block ``I`` of piece ``p`` for one (batch, head) whose rows are
+    ``base .. base + n``: continues the online softmax of its tokens over chunks of
+    tiles. Between pieces of one softmax group the state of each token lives in
+    ``m1`` (running max), ``l1`` (running sum) and ``o1`` (unnormalized output);
+    the ``first`` piece of a group starts it, the ``last`` one normalizes (``o1``
+    becomes the output, ``m1`` the log-sum-exp)."""
     nb = (n + block - 1) // block
     ninf = -np.inf
     t0 = tile_ptr[p * nb + I]
     t1 = tile_ptr[p * nb + I + 1]
-    if t0 == t1:
+    if t0 == t1 and not first and not last:
         return
     rows = min(block, n - I * block)
-    qT = qt[: d * rows].reshape((d, rows))  # transposed: scores are keys x queries
+    x0 = I * block
     for r in range(rows):
-        src = base + qperm[p, I * block + r]
-        for c in range(d):
-            qT[c, r] = q2[src, c] * scale
-            acc[r, c] = 0.0
-        mrow[r] = ninf
-        lrow[r] = 0.0
-    pvv = pv[: rows * d].reshape((rows, d))
+        i = base + qperm[p, x0 + r]
+        if first:
+            mrow[r] = ninf
+            lrow[r] = 0.0
+            obuf[r * d: (r + 1) * d] = 0.0
+        else:
+            mrow[r] = m1[i]
+            lrow[r] = l1[i]
+            obuf[r * d: (r + 1) * d] = o1[i * d: (i + 1) * d]
+    if t0 < t1:
+        for r in range(rows):  # Q^T (d x rows): the score product is then a fast NN gemm
+            src = (base + qperm[p, x0 + r]) * d
+            for c in range(d):
+                qbuf[c * rows + r] = q1[src + c]
     for c0 in range(t0, t1, chunk):
         c1 = min(t1, c0 + chunk)
         J0 = tile_col[c0]
-        run = True
+        run = kstep[J0] == 1
         for t in range(c0 + 1, c1):
-            if tile_col[t] != J0 + (t - c0):
+            J = tile_col[t]
+            if J != J0 + (t - c0) or kstep[J] != 1 or kstart[J] != kstart[J0] + (J - J0) * block:
                 run = False
-        if run:
-            lo = (base + J0 * block) * d
+        if run:  # contiguous key rows, used in place
+            ka, va, koff = k1, v1, (base + kstart[J0]) * d
             nk = min(n, (J0 + c1 - c0) * block) - J0 * block
-            kc = kp1[lo: lo + nk * d].reshape((nk, d))
-            vc = vp1[lo: lo + nk * d].reshape((nk, d))
         else:
             nk = 0
             for t in range(c0, c1):
                 J = tile_col[t]
                 cols = min(block, n - J * block)
-                lo = (base + J * block) * d
-                kbuf[nk * d: (nk + cols) * d] = kp1[lo: lo + cols * d]
-                vbuf[nk * d: (nk + cols) * d] = vp1[lo: lo + cols * d]
+                for x in range(cols):
+                    src = (base + kperm_used[J * block + x]) * d
+                    kbuf[(nk + x) * d: (nk + x + 1) * d] = k1[src: src + d]
+                    vbuf[(nk + x) * d: (nk + x + 1) * d] = v1[src: src + d]
                 nk += cols
-            kc = kbuf[: nk * d].reshape((nk, d))
-            vc = vbuf[: nk * d].reshape((nk, d))
+            ka, va, koff = kbuf, vbuf, 0
+        # scores, transposed: st (nk keys x rows queries, row-major) = scale K Q^T
+        _gemm(_N, _N, rows, nk, d, scale, qbuf, 0, rows, ka, koff, d, 0.0, sbuf, 0, rows)
         st = sbuf[: nk * rows].reshape((nk, rows))
-        np.dot(kc, qT, st)
         off = 0
         for t in range(c0, c1):
             cols = min(block, n - tile_col[t] * block)
@@ -281,103 +388,175 @@ def _qblock(q2, kp1, vp1, o2, l1, base, n, p, I, scale, qperm, tile_ptr, tile_co
                 _mask_tile_t(st, off, cols, rows, masks, tile_mask[t])
             off += cols
         _softmax_cols(st, nk, rows, mrow, cmax, msub, csum, precise)
-        np.dot(st.T, vc, pvv)
+        for r in range(rows):  # alpha = exp(old max - new max); 1 where nothing changes
+            alpha[r] = mrow[r] - cmax[r] if cmax[r] != ninf else 0.0
+        _exp_rows(alpha, rows, precise)
         for r in range(rows):
-            m = cmax[r]
-            if m == ninf:
-                continue
-            alpha = math.exp(mrow[r] - m) if mrow[r] != ninf else 0.0
-            lrow[r] = lrow[r] * alpha + csum[r]
-            mrow[r] = m
-            for c in range(d):
-                acc[r, c] = acc[r, c] * alpha + pvv[r, c]
+            a = alpha[r]
+            lrow[r] = lrow[r] * a + csum[r]
+            if cmax[r] != ninf:
+                mrow[r] = cmax[r]
+            if a != 1.0:
+                for c in range(d):
+                    obuf[r * d + c] *= a
+        # o (rows x d, row-major) += P V, with P^T = st
+        _gemm(_N, _T, d, rows, nk, 1.0, va, koff, d, sbuf, 0, rows, 1.0, obuf, 0, d)
     for r in range(rows):
-        if mrow[r] == ninf or lrow[r] == 0.0:
-            continue  # no key of this piece in this row
-        i = base + qperm[p, I * block + r]
-        lp = mrow[r] + math.log(lrow[r])
-        inv = 1.0 / lrow[r]
-        old = l1[i]
-        if old == ninf:
-            for c in range(d):
-                o2[i, c] = acc[r, c] * inv
-            l1[i] = lp
+        i = base + qperm[p, x0 + r]
+        if last:
+            li = lrow[r]
+            if li == 0.0 or mrow[r] == ninf:  # no key in this row
+                o1[i * d: (i + 1) * d] = 0.0
+                m1[i] = ninf
+            else:
+                inv = 1.0 / li
+                for c in range(d):
+                    o1[i * d + c] = obuf[r * d + c] * inv
+                m1[i] = mrow[r] + math.log(li)
         else:
-            top = max(old, lp)
-            new = top + math.log(math.exp(old - top) + math.exp(lp - top))
-            a = math.exp(old - new)
-            e = math.exp(lp - new) * inv
-            for c in range(d):
-                o2[i, c] = o2[i, c] * a + acc[r, c] * e
-            l1[i] = new
+            o1[i * d: (i + 1) * d] = obuf[r * d: (r + 1) * d]
+            m1[i] = mrow[r]
+            l1[i] = lrow[r]
 
 
 @numba.njit(parallel=True, cache=True)
-def _permute_rows(x2, perm, p, BH, out1):  # pragma: no cover - compiled
-    """``out1`` (flattened ``(BH*n, d)``): the rows of every (batch, head) of ``x2``
-    in the order ``perm[p]``."""
-    d = x2.shape[1]
+def _permute_rows(x1, perm, p, BH, rows, d, out1):  # pragma: no cover - compiled
+    """``out1`` (flattened ``(BH*n, d)``): rows ``0 .. rows`` of every (batch, head)
+    set to the rows of ``x1`` in the order ``perm[p]``."""
     n = perm.shape[1]
     R = 512  # rows per work item (the loop may be handed out in small chunks)
-    for u in prange((BH * n + R - 1) // R):
-        for w in range(u * R, min(BH * n, (u + 1) * R)):
-            src = (w // n) * n + perm[p, w % n]
-            out1[w * d: (w + 1) * d] = x2[src]
+    for u in prange((BH * rows + R - 1) // R):
+        for w in range(u * R, min(BH * rows, (u + 1) * R)):
+            bh = w // rows
+            x = w % rows
+            src = (bh * n + perm[p, x]) * d
+            dst = (bh * n + x) * d
+            out1[dst: dst + d] = x1[src: src + d]
+
+
+@numba.njit(parallel=True, cache=True)
+def _permute_residue(x1, s, BH, n, d, out1):  # pragma: no cover - compiled
+    """``out1``: the rows of every (batch, head) of ``x1`` grouped by ``i mod s`` (each
+    group in increasing ``i``), the order of a ``residue(s)`` piece. Copied in tiles of
+    ``16 x 16`` grid cells (token ``g*s + r`` goes to ``offset[r] + g``), so that reads and
+    writes are both runs of consecutive rows."""
+    ng = (n + s - 1) // s
+    off = np.empty(s + 1, np.int64)
+    off[0] = 0
+    for r in range(s):
+        off[r + 1] = off[r] + (n - r + s - 1) // s
+    T = 16
+    ngb = (ng + T - 1) // T
+    nrb = (s + T - 1) // T
+    for w in prange(BH * ngb * nrb):
+        bh = w // (ngb * nrb)
+        gb = (w // nrb) % ngb
+        rb = w % nrb
+        base = bh * n
+        for g in range(gb * T, min(ng, gb * T + T)):
+            for r in range(rb * T, min(s, rb * T + T)):
+                t = g * s + r
+                if t < n:
+                    src = (base + t) * d
+                    dst = (base + off[r] + g) * d
+                    out1[dst: dst + d] = x1[src: src + d]
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
-def _forward_piece(q2, kp1, vp1, o2, l1, BH, H, scale, G, g, p, qperm, tile_ptr,
-                   tile_col, tile_mask, masks, block, chunk, seg,
-                   precise):  # pragma: no cover - compiled
+def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last, qperm,
+                   kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks, block,
+                   chunk, seg, precise):  # pragma: no cover - compiled
     """Piece ``p`` (softmax group ``g``) of every (batch, head) whose group is ``g``."""
-    d = q2.shape[1]
-    n = q2.shape[0] // BH
+    n = m1.shape[0] // BH
     nb = (n + block - 1) // block
-    dt = q2.dtype
+    dt = q1.dtype
     nseg = (nb + seg - 1) // seg  # work items: (batch x head, run of `seg` query blocks)
     for w in prange(BH * nseg):
         bh = w // nseg
         if (bh % H) % G != g:
             continue
-        qt = np.empty(block * d, dt)
+        qbuf = np.empty(block * d, dt)
+        obuf = np.empty(block * d, dt)
         kbuf = np.empty(chunk * block * d, dt)
         vbuf = np.empty(chunk * block * d, dt)
         sbuf = np.empty(block * chunk * block, dt)
-        acc = np.empty((block, d), dt)
-        pv = np.empty(block * d, dt)
         mrow = np.empty(block, dt)
         lrow = np.empty(block, dt)
         cmax = np.empty(block, dt)
         msub = np.empty(block, dt)
         csum = np.empty(block, dt)
+        alpha = np.empty(block, dt)
         I0 = (w % nseg) * seg
         for I in range(I0, min(nb, I0 + seg)):
-            _qblock(q2, kp1, vp1, o2, l1, bh * n, n, p, I, scale, qperm, tile_ptr,
-                    tile_col, tile_mask, masks, block, chunk, precise,
-                    qt, kbuf, vbuf, sbuf, acc, pv, mrow, lrow, cmax, msub, csum)
+            _qblock(q1, k1, v1, o1, m1, l1, bh * n, n, d, p, I, scale, first, last, qperm,
+                    kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks, block,
+                    chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub,
+                    csum, alpha)
 
 
-def _forward(q2, k2, v2, o2, l1, BH, H, scale, G, piece_group, qperm, kperm, tile_ptr,
-             tile_col, tile_mask, masks, block, chunk, seg, precise):
-    """``q2, k2, v2, o2``: ``(B*H*n, d)``; ``l1``: ``(B*H*n,)``; head ``h`` uses group
-    ``h % G``. Keys and values are put in each piece's key order once (one buffer
-    pair reused by the pieces), so that the tiles read contiguous rows."""
-    n = q2.shape[0] // BH
-    l1[:] = -np.inf
-    o2[:] = 0.0
+@numba.njit(parallel=True, cache=True, fastmath=_FM)
+def _normalize(o1, m1, l1, d):  # pragma: no cover - compiled
+    """``o /= l`` and ``m1 = m + log l`` (the log-sum-exp) per row; 0 and ``-inf``
+    for a row without keys."""
+    N = m1.shape[0]
+    R = 1024
+    for u in prange((N + R - 1) // R):
+        for i in range(u * R, min(N, (u + 1) * R)):
+            li = l1[i]
+            if li == 0.0 or m1[i] == -np.inf:
+                o1[i * d: (i + 1) * d] = 0.0
+                m1[i] = -np.inf
+            else:
+                inv = 1.0 / li
+                for c in range(d):
+                    o1[i * d + c] *= inv
+                m1[i] = m1[i] + math.log(li)
+
+
+def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, G, piece_group, residue, qperm, kperm,
+             tile_ptr, tile_col, tile_mask, masks, block, chunk, seg, precise):
+    """``q1, k1, v1, o1``: flattened ``(B*H*n*d,)``; ``m1``: ``(B*H*n,)`` (becomes the
+    log-sum-exp); head ``h`` uses group ``h % G``. The pieces of a group continue one
+    online softmax per token. Key rows are used in place where a piece's key blocks
+    are runs of consecutive tokens; otherwise the used key blocks are first put in
+    the piece's order (one buffer pair reused by the pieces)."""
+    ensure_blas()
+    n = m1.shape[0] // BH
+    nb = -(-n // block)
+    groups = [int(g) for g in piece_group]
+    if len(set(groups)) < G:  # a group without pieces: its rows have no keys
+        H_ = np.arange(BH) % H % G
+        empty = ~np.isin(H_, groups)
+        o1.reshape(BH, -1)[empty] = 0.0
+        m1.reshape(BH, -1)[empty] = -np.inf
+    l1 = np.empty_like(m1)
+    kstart, kstep = _block_steps(kperm, block)
     kp1 = vp1 = None
-    ident = np.arange(n, dtype=kperm.dtype)
-    for p in range(piece_group.size):
-        if np.array_equal(kperm[p], ident):
-            kq, vq = k2.reshape(-1), v2.reshape(-1)
-        else:
+    for p in range(len(groups)):
+        first = p == groups.index(groups[p])
+        last = p == len(groups) - 1 - groups[::-1].index(groups[p])
+        cols = tile_col[tile_ptr[p * nb]: tile_ptr[(p + 1) * nb]]
+        used = int(cols.max()) + 1 if cols.size else 0
+        ks, kt = kstep[p], kstart[p]
+        kq, vq, kperm_used = k1, v1, kperm[p]
+        if (ks[:used] != 1).any():
+            rows = min(n, used * block)
             if kp1 is None:
-                kp1, vp1 = np.empty(k2.size, k2.dtype), np.empty(v2.size, v2.dtype)
-            _permute_rows(k2, kperm, p, BH, kp1)
-            _permute_rows(v2, kperm, p, BH, vp1)
+                kp1, vp1 = np.empty_like(k1), np.empty_like(v1)
+            s = residue[p]
+            if s > 0:
+                _permute_residue(k1, s, BH, n, d, kp1)
+                _permute_residue(v1, s, BH, n, d, vp1)
+            else:
+                _permute_rows(k1, kperm, p, BH, rows, d, kp1)
+                _permute_rows(v1, kperm, p, BH, rows, d, vp1)
             kq, vq = kp1, vp1
-        _forward_piece(q2, kq, vq, o2, l1, BH, H, scale, G, int(piece_group[p]), p, qperm,
-                       tile_ptr, tile_col, tile_mask, masks, block, chunk, seg, precise)
+            kt = np.arange(nb, dtype=np.int64) * block
+            ks = np.ones(nb, dtype=np.int64)
+            kperm_used = np.arange(n, dtype=kperm.dtype)
+        _forward_piece(q1, kq, vq, o1, m1, l1, BH, H, d, scale, G, groups[p], p, first, last,
+                       qperm, kperm_used, kt, ks, tile_ptr, tile_col, tile_mask, masks, block,
+                       chunk, seg, precise)
 
 
 # --------------------------------------------------------------------- backward
@@ -599,6 +778,20 @@ def _flat(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1, a.shape[-1])
 
 
+def _residues(plan) -> np.ndarray:
+    """``s`` for each ``residue(s)`` piece whose key order is exactly the ``i mod s``
+    grouping (0 for other pieces)."""
+    from .plan import _residue_perm
+
+    out = np.zeros(plan.num_pieces, dtype=np.int64)
+    for p, kind in enumerate(plan.piece_kind):
+        if kind.startswith("residue("):
+            s = int(kind[8:-1])
+            if np.array_equal(plan.kperm[p], _residue_perm(plan.n, s)):
+                out[p] = s
+    return out
+
+
 def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,
             chunk: int = _CHUNK, seg: int = 8) -> tuple[np.ndarray, np.ndarray]:
     """Forward kernel on C-contiguous float32 or float64 ``(B, H, n, d)`` arrays.
@@ -626,8 +819,9 @@ def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,
     out = np.empty_like(q)
     lse = np.empty(q.shape[:3], dtype=q.dtype)
     with single_threaded_blas(), _threads_for(plan.flops(B, H, d)[1]):
-        _forward(_flat(q), _flat(k), _flat(v), _flat(out), lse.reshape(-1), B * H, H,
-                 q.dtype.type(scale), plan.num_groups, plan.piece_group, plan.qperm,
+        _forward(q.reshape(-1), k.reshape(-1), v.reshape(-1), out.reshape(-1), lse.reshape(-1),
+                 B * H, H, d, q.dtype.type(scale), plan.num_groups, plan.piece_group,
+                 _residues(plan), plan.qperm,
                  plan.kperm, plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks,
                  plan.block, int(chunk), int(seg), q.dtype == np.float64)
     return out, lse
