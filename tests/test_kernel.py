@@ -66,6 +66,28 @@ def test_patterns_match_oracle(name, n, params, block, mode, dtype):
     check(sps.make(name, n, **params), mode, dtype, block=block)
 
 
+@pytest.mark.parametrize("mode", ["multihead", "merged"])
+@pytest.mark.parametrize("name, n, params, block, reorder", [
+    ("strided", 45, {"stride": 6}, 8, False),  # residue groups straddle blocks
+    ("strided", 400, {"stride": 4}, 2, True),  # a work item's keys span > 16 blocks
+    ("fixed", 600, {"stride": 16, "c": 2}, 4, True),  # summary keys put first, once
+    ("fixed", 130, {"stride": 16, "c": 4}, 8, False),
+])
+def test_key_orders_copied_per_work_item_or_once(mode, name, n, params, block, reorder):
+    """Both ways of putting a piece's keys in its order (a copy per work item, or one
+    reordering of the used key blocks per call) give the oracle's result."""
+    from sparse_patterns.kernels.cpu import _block_steps, _item_span
+
+    pat = sps.make(name, n, **params)
+    pl = plan(pat, mode=mode, block=block)
+    _, kstep = _block_steps(pl.kperm, block)
+    spans = [_item_span(pl.tile_ptr[p * pl.nb: (p + 1) * pl.nb + 1], pl.tile_col, 8)
+             for p in range(pl.num_pieces) if (kstep[p] != 1).any()]
+    assert spans and any(s > 16 for s in spans) == reorder
+    for dtype in (np.float64, np.float32):
+        check(pat, mode, dtype, block=block)
+
+
 def random_patterns():
     return _random_patterns(max_n=30, densities=(0.0, 0.05, 0.2, 0.6, 1.0), single_key=0.4)
 

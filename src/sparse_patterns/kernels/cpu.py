@@ -324,11 +324,11 @@ def _exp_rows(x, rows, precise):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, fastmath=_FM)
-def _qblock(q1, k1, v1, o1, m1, l1, base, n, d, p, I, scale, first, last, qperm, kperm_used,
+def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last, qperm, kperm_used,
             kstart, kstep, tile_ptr, tile_col, tile_mask, masks, block, chunk, precise, qbuf,
             kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha):  # pragma: no cover - compiled
-    """Query block ``I`` of piece ``p`` for one (batch, head) whose rows are
-    ``base .. base + n``: continues the online softmax of its tokens over chunks of
+    """Query block ``I`` of piece ``p`` for one (batch, head) whose query rows are
+    ``base .. base + n`` (key row of token ``j``: ``kbase + j``): continues the online softmax of its tokens over chunks of
     tiles. Between pieces of one softmax group the state of each token lives in
     ``m1`` (running max), ``l1`` (running sum) and ``o1`` (unnormalized output);
     the ``first`` piece of a group starts it, the ``last`` one normalizes (``o1``
@@ -365,7 +365,7 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, n, d, p, I, scale, first, last, qperm,
             if J != J0 + (t - c0) or kstep[J] != 1 or kstart[J] != kstart[J0] + (J - J0) * block:
                 run = False
         if run:  # contiguous key rows, used in place
-            ka, va, koff = k1, v1, (base + kstart[J0]) * d
+            ka, va, koff = k1, v1, (kbase + kstart[J0]) * d
             nk = min(n, (J0 + c1 - c0) * block) - J0 * block
         else:
             nk = 0
@@ -373,7 +373,7 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, n, d, p, I, scale, first, last, qperm,
                 J = tile_col[t]
                 cols = min(block, n - J * block)
                 for x in range(cols):
-                    src = (base + kperm_used[J * block + x]) * d
+                    src = (kbase + kperm_used[J * block + x]) * d
                     kbuf[(nk + x) * d: (nk + x + 1) * d] = k1[src: src + d]
                     vbuf[(nk + x) * d: (nk + x + 1) * d] = v1[src: src + d]
                 nk += cols
@@ -464,13 +464,21 @@ def _permute_residue(x1, s, BH, n, d, out1):  # pragma: no cover - compiled
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
 def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last, qperm,
-                   kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks, block,
-                   chunk, seg, precise):  # pragma: no cover - compiled
-    """Piece ``p`` (softmax group ``g``) of every (batch, head) whose group is ``g``."""
+                   kperm_used, kstart, kstep, span, tile_ptr, tile_col, tile_mask, masks,
+                   block, chunk, seg, precise):  # pragma: no cover - compiled
+    """Piece ``p`` (softmax group ``g``) of every (batch, head) whose group is ``g``.
+
+    ``span > 0``: the key blocks of a work item's tiles lie within ``span``
+    consecutive blocks of the piece's order; each work item then copies those key
+    and value rows (token ``kperm_used[x]`` for position ``x``) into its own
+    buffers, which stay in cache for all its tiles."""
     n = m1.shape[0] // BH
     nb = (n + block - 1) // block
     dt = q1.dtype
     nseg = (nb + seg - 1) // seg  # work items: (batch x head, run of `seg` query blocks)
+    local = np.arange(n, dtype=kperm_used.dtype)
+    lstart = np.arange(nb, dtype=kstart.dtype) * block
+    lstep = np.ones(nb, dtype=kstep.dtype)
     for w in prange(BH * nseg):
         bh = w // nseg
         if (bh % H) % G != g:
@@ -487,30 +495,51 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last
         csum = np.empty(block, dt)
         alpha = np.empty(block, dt)
         I0 = (w % nseg) * seg
-        for I in range(I0, min(nb, I0 + seg)):
-            _qblock(q1, k1, v1, o1, m1, l1, bh * n, n, d, p, I, scale, first, last, qperm,
-                    kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks, block,
-                    chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub,
-                    csum, alpha)
-
-
-@numba.njit(parallel=True, cache=True, fastmath=_FM)
-def _normalize(o1, m1, l1, d):  # pragma: no cover - compiled
-    """``o /= l`` and ``m1 = m + log l`` (the log-sum-exp) per row; 0 and ``-inf``
-    for a row without keys."""
-    N = m1.shape[0]
-    R = 1024
-    for u in prange((N + R - 1) // R):
-        for i in range(u * R, min(N, (u + 1) * R)):
-            li = l1[i]
-            if li == 0.0 or m1[i] == -np.inf:
-                o1[i * d: (i + 1) * d] = 0.0
-                m1[i] = -np.inf
+        I1 = min(nb, I0 + seg)
+        base = bh * n
+        if span > 0:
+            t0 = tile_ptr[p * nb + I0]
+            t1 = tile_ptr[p * nb + I1]
+            if t0 == t1:
+                J0, J1 = 0, 0
             else:
-                inv = 1.0 / li
-                for c in range(d):
-                    o1[i * d + c] *= inv
-                m1[i] = m1[i] + math.log(li)
+                J0, J1 = tile_col[t0], tile_col[t0]
+                for t in range(t0 + 1, t1):
+                    J0 = min(J0, tile_col[t])
+                    J1 = max(J1, tile_col[t])
+            x0 = J0 * block
+            x1 = min(n, (J1 + 1) * block) if t0 < t1 else x0
+            kl = np.empty((x1 - x0) * d, dt)
+            vl = np.empty((x1 - x0) * d, dt)
+            for x in range(x0, x1):
+                src = (base + kperm_used[x]) * d
+                kl[(x - x0) * d: (x - x0 + 1) * d] = k1[src: src + d]
+                vl[(x - x0) * d: (x - x0 + 1) * d] = v1[src: src + d]
+            for I in range(I0, I1):
+                _qblock(q1, kl, vl, o1, m1, l1, base, -x0, n, d, p, I, scale, first, last,
+                        qperm, local, lstart, lstep, tile_ptr, tile_col, tile_mask, masks,
+                        block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
+                        msub, csum, alpha)
+        else:
+            for I in range(I0, I1):
+                _qblock(q1, k1, v1, o1, m1, l1, base, base, n, d, p, I, scale, first, last,
+                        qperm, kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks,
+                        block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
+                        msub, csum, alpha)
+
+def _item_span(ptr: np.ndarray, tile_col: np.ndarray, seg: int) -> int:
+    """Most key blocks (first to last) that the tiles of one work item (``seg`` query
+    blocks) of a piece span; ``ptr``: the piece's slice of ``tile_ptr``."""
+    nb = ptr.size - 1
+    idx = np.arange(0, nb, seg)
+    starts, ends = ptr[idx], ptr[np.minimum(idx + seg, nb)]
+    cols = tile_col[ptr[0]: ptr[-1]]
+    keep = ends > starts
+    if not keep.any():
+        return 0
+    lo = np.minimum.reduceat(cols, starts[keep] - ptr[0])
+    hi = np.maximum.reduceat(cols, starts[keep] - ptr[0])
+    return int((hi - lo).max()) + 1
 
 
 def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, G, piece_group, residue, qperm, kperm,
@@ -539,23 +568,27 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, G, piece_group, residue, qperm
         used = int(cols.max()) + 1 if cols.size else 0
         ks, kt = kstep[p], kstart[p]
         kq, vq, kperm_used = k1, v1, kperm[p]
+        span = 0
         if (ks[:used] != 1).any():
-            rows = min(n, used * block)
-            if kp1 is None:
-                kp1, vp1 = np.empty_like(k1), np.empty_like(v1)
-            s = residue[p]
-            if s > 0:
-                _permute_residue(k1, s, BH, n, d, kp1)
-                _permute_residue(v1, s, BH, n, d, vp1)
-            else:
-                _permute_rows(k1, kperm, p, BH, rows, d, kp1)
-                _permute_rows(v1, kperm, p, BH, rows, d, vp1)
-            kq, vq = kp1, vp1
-            kt = np.arange(nb, dtype=np.int64) * block
-            ks = np.ones(nb, dtype=np.int64)
-            kperm_used = np.arange(n, dtype=kperm.dtype)
+            span = _item_span(tile_ptr[p * nb: (p + 1) * nb + 1], tile_col, seg)
+            if span > 2 * seg:  # a work item would copy more than it reuses: reorder once
+                span = 0
+                rows = min(n, used * block)
+                if kp1 is None:
+                    kp1, vp1 = np.empty_like(k1), np.empty_like(v1)
+                s = residue[p]
+                if s > 0:
+                    _permute_residue(k1, s, BH, n, d, kp1)
+                    _permute_residue(v1, s, BH, n, d, vp1)
+                else:
+                    _permute_rows(k1, kperm, p, BH, rows, d, kp1)
+                    _permute_rows(v1, kperm, p, BH, rows, d, vp1)
+                kq, vq = kp1, vp1
+                kt = np.arange(nb, dtype=np.int64) * block
+                ks = np.ones(nb, dtype=np.int64)
+                kperm_used = np.arange(n, dtype=kperm.dtype)
         _forward_piece(q1, kq, vq, o1, m1, l1, BH, H, d, scale, G, groups[p], p, first, last,
-                       qperm, kperm_used, kt, ks, tile_ptr, tile_col, tile_mask, masks, block,
+                       qperm, kperm_used, kt, ks, span, tile_ptr, tile_col, tile_mask, masks, block,
                        chunk, seg, precise)
 
 
