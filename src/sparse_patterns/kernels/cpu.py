@@ -20,10 +20,11 @@ adds ``dq`` into its rows (each thread owns whole heads: no write conflicts).
 
 Three details decide the speed on a CPU without SVML:
 
-* the exponential: ``math.exp`` inside a loop is scalar, so the float32 path uses
-  Cephes' ``expf`` (Cody-Waite range reduction ``x = n ln2 + r``, a degree-7
-  polynomial in ``r``, relative error below 1e-7) written so LLVM vectorizes it,
-  building ``2**n`` with a bitcast; the float64 path keeps ``math.exp``;
+* the exponential: ``math.exp`` inside a loop is scalar, so the float32 forward
+  scales its scores by ``log2 e`` (in the score product) and uses Cephes'
+  ``exp2f`` (``x = n + r``, a degree-6 polynomial in ``r``, relative error below
+  2e-7) written so LLVM vectorizes it, building ``2**n`` with a bitcast (the
+  backward uses Cephes' ``expf``); the float64 path keeps ``math.exp``;
 * the row max: a float max reduction is not vectorized without fast-math (which
   would drop NaN semantics), so the forward keeps the scores transposed and takes
   elementwise maxima across the queries (the backward's helper uses an integer
@@ -185,12 +186,31 @@ def _mask_tile_t(st, c0, ncol, nrow, masks, mi):  # pragma: no cover - compiled
                 row[r] = row[r] if keep else ninf
 
 
+@numba.njit(cache=True, fastmath=_FM, inline="always")
+def _exp2f(x):  # pragma: no cover - compiled
+    """``2**x`` in float32, written so that a loop around it vectorizes: ``x = n + r``
+    with ``n`` the nearest integer, Cephes' degree-6 polynomial for ``2**r`` on
+    ``[-1/2, 1/2]`` (relative error below 2e-7), ``2**n`` from the exponent bits.
+    ``-inf`` (and anything below ``-126``) gives 0; NaN stays NaN."""
+    G = np.float32
+    xc = x if x > G(-126.0) else G(-126.0)
+    nf = np.floor(xc + G(0.5))
+    r = xc - nf
+    y = ((((((G(1.535336188319500e-4) * r + G(1.339887440266574e-3)) * r
+             + G(9.618437357674640e-3)) * r + G(5.550332471162809e-2)) * r
+           + G(2.402264791363012e-1)) * r + G(6.931472028550421e-1)) * r + G(1.0))
+    y = y * _bits_to_f32((np.int32(nf) + 127) << 23)
+    return y if x >= G(-126.0) else (x if x != x else G(0.0))
+
+
 @numba.njit(cache=True, fastmath=_FM)
 def _softmax_cols(st, nk, rows, mrow, cmax, msub, csum, precise):  # pragma: no cover - compiled
     """Online-softmax step on transposed scores ``st`` (``nk`` keys x ``rows``
     queries), vectorized across the queries: ``cmax`` = max of ``mrow`` and each
     column (NaN if the column has one), ``st = exp(st - cmax)`` (0 for a column
-    whose max is ``-inf``), ``csum`` = the column sums."""
+    whose max is ``-inf``), ``csum`` = the column sums. ``precise`` (float64):
+    natural units and ``math.exp``; otherwise the scores are in base-2 units
+    (scaled by ``log2 e``) and the exponential is :func:`_exp2f`."""
     F = st.dtype.type
     ninf = F(-np.inf)
     for r in range(rows):
@@ -213,16 +233,7 @@ def _softmax_cols(st, nk, rows, mrow, cmax, msub, csum, precise):  # pragma: no 
     G = np.float32
     for j in range(nk):
         for r in range(rows):
-            x = G(st[j, r]) - G(msub[r])
-            xc = x if x > G(-87.0) else G(-87.0)
-            nf = np.floor(xc * G(_LOG2E) + G(0.5))
-            rr = xc - nf * G(0.693359375) - nf * G(-2.12194440e-4)
-            z = rr * rr
-            y = (((((G(1.9875691500e-4) * rr + G(1.3981999507e-3)) * rr
-                    + G(8.3334519073e-3)) * rr + G(4.1665795894e-2)) * rr
-                  + G(1.6666665459e-1)) * rr + G(5.0000001201e-1)) * z
-            y = (y + rr + G(1.0)) * _bits_to_f32((np.int32(nf) + 127) << 23)
-            y = y if x >= G(-87.0) else (x if x != x else G(0.0))
+            y = _exp2f(G(st[j, r]) - G(msub[r]))
             st[j, r] = y
             csum[r] += y
 
@@ -304,23 +315,14 @@ def _block_steps(perm, block):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, fastmath=_FM)
 def _exp_rows(x, rows, precise):  # pragma: no cover - compiled
-    """``x[:rows] = exp(x[:rows])``, vectorized for float32 (``-inf`` -> 0, NaN stays)."""
+    """``x[:rows] = exp(x[:rows])`` (``precise``) or ``2**x[:rows]`` (float32, vectorized);
+    ``-inf`` gives 0, NaN stays NaN."""
     if precise:
         for r in range(rows):
             x[r] = math.exp(x[r])
         return
-    G = np.float32
     for r in range(rows):
-        xv = G(x[r])
-        xc = xv if xv > G(-87.0) else G(-87.0)
-        nf = np.floor(xc * G(_LOG2E) + G(0.5))
-        rr = xc - nf * G(0.693359375) - nf * G(-2.12194440e-4)
-        z = rr * rr
-        y = (((((G(1.9875691500e-4) * rr + G(1.3981999507e-3)) * rr
-                + G(8.3334519073e-3)) * rr + G(4.1665795894e-2)) * rr
-              + G(1.6666665459e-1)) * rr + G(5.0000001201e-1)) * z
-        y = (y + rr + G(1.0)) * _bits_to_f32((np.int32(nf) + 127) << 23)
-        x[r] = y if xv >= G(-87.0) else (xv if xv != xv else G(0.0))
+        x[r] = _exp2f(np.float32(x[r]))
 
 
 @numba.njit(cache=True, fastmath=_FM)
@@ -328,13 +330,14 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last,
             kstart, kstep, tile_ptr, tile_col, tile_mask, masks, block, chunk, precise, qbuf,
             kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha):  # pragma: no cover - compiled
     """Query block ``I`` of piece ``p`` for one (batch, head) whose query rows are
-    ``base .. base + n`` (key row of token ``j``: ``kbase + j``): continues the online softmax of its tokens over chunks of
-    tiles. Between pieces of one softmax group the state of each token lives in
+    ``base .. base + n`` (key row of token ``j``: ``kbase + j``): continues the
+    online softmax of its tokens over chunks of tiles. Between pieces of one softmax group the state of each token lives in
     ``m1`` (running max), ``l1`` (running sum) and ``o1`` (unnormalized output);
     the ``first`` piece of a group starts it, the ``last`` one normalizes (``o1``
     becomes the output, ``m1`` the log-sum-exp)."""
     nb = (n + block - 1) // block
     ninf = -np.inf
+    unit = 1.0 if precise else _LOG2E  # float32 scores in base-2 units (exp2 is cheaper)
     t0 = tile_ptr[p * nb + I]
     t1 = tile_ptr[p * nb + I + 1]
     if t0 == t1 and not first and not last:
@@ -379,7 +382,7 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last,
                 nk += cols
             ka, va, koff = kbuf, vbuf, 0
         # scores, transposed: st (nk keys x rows queries, row-major) = scale K Q^T
-        _gemm(_N, _N, rows, nk, d, scale, qbuf, 0, rows, ka, koff, d, 0.0, sbuf, 0, rows)
+        _gemm(_N, _N, rows, nk, d, scale * unit, qbuf, 0, rows, ka, koff, d, 0.0, sbuf, 0, rows)
         st = sbuf[: nk * rows].reshape((nk, rows))
         off = 0
         for t in range(c0, c1):
@@ -412,7 +415,7 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last,
                 inv = 1.0 / li
                 for c in range(d):
                     o1[i * d + c] = obuf[r * d + c] * inv
-                m1[i] = mrow[r] + math.log(li)
+                m1[i] = mrow[r] / unit + math.log(li)
         else:
             o1[i * d: (i + 1) * d] = obuf[r * d: (r + 1) * d]
             m1[i] = mrow[r]
