@@ -326,13 +326,14 @@ def _exp_rows(x, rows, precise):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, fastmath=_FM)
-def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last, qperm, kperm_used,
+def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last, qmap, kperm_used,
             kstart, kstep, tile_ptr, tile_col, tile_mask, masks, block, chunk, precise, qbuf,
             kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha):  # pragma: no cover - compiled
-    """Query block ``I`` of piece ``p`` for one (batch, head) whose query rows are
-    ``base .. base + n`` (key row of token ``j``: ``kbase + j``): continues the
-    online softmax of its tokens over chunks of tiles. Between pieces of one softmax group the state of each token lives in
-    ``m1`` (running max), ``l1`` (running sum) and ``o1`` (unnormalized output);
+    """Query block ``I`` of piece ``p`` for one (batch, head): continues the online
+    softmax of its queries over chunks of tiles. Position ``x`` of the piece's order
+    is row ``base + qmap[x]`` of ``q1`` and of the state, and its key and value row
+    ``kbase + kperm_used[x]``. Between pieces of one softmax group the state of each
+    token lives in ``m1`` (running max), ``l1`` (running sum) and ``o1`` (unnormalized output);
     the ``first`` piece of a group starts it, the ``last`` one normalizes (``o1``
     becomes the output, ``m1`` the log-sum-exp)."""
     nb = (n + block - 1) // block
@@ -345,7 +346,7 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last,
     rows = min(block, n - I * block)
     x0 = I * block
     for r in range(rows):
-        i = base + qperm[p, x0 + r]
+        i = base + qmap[x0 + r]
         if first:
             mrow[r] = ninf
             lrow[r] = 0.0
@@ -356,7 +357,7 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last,
             obuf[r * d: (r + 1) * d] = o1[i * d: (i + 1) * d]
     if t0 < t1:
         for r in range(rows):  # Q^T (d x rows): the score product is then a fast NN gemm
-            src = (base + qperm[p, x0 + r]) * d
+            src = (base + qmap[x0 + r]) * d
             for c in range(d):
                 qbuf[c * rows + r] = q1[src + c]
     for c0 in range(t0, t1, chunk):
@@ -405,7 +406,7 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last,
         # o (rows x d, row-major) += P V, with P^T = st
         _gemm(_N, _T, d, rows, nk, 1.0, va, koff, d, sbuf, 0, rows, 1.0, obuf, 0, d)
     for r in range(rows):
-        i = base + qperm[p, x0 + r]
+        i = base + qmap[x0 + r]
         if last:
             li = lrow[r]
             if li == 0.0 or mrow[r] == ninf:  # no key in this row
@@ -465,16 +466,29 @@ def _permute_residue(x1, s, BH, n, d, out1):  # pragma: no cover - compiled
                     out1[dst: dst + d] = x1[src: src + d]
 
 
+@numba.njit(cache=True)
+def _token_range(perm, x0, x1):  # pragma: no cover - compiled
+    """Smallest and largest token at positions ``x0 .. x1`` of ``perm`` (``(0, -1)`` if none)."""
+    if x1 <= x0:
+        return 0, -1
+    lo = hi = perm[x0]
+    for x in range(x0 + 1, x1):
+        lo = min(lo, perm[x])
+        hi = max(hi, perm[x])
+    return lo, hi
+
+
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
 def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last, qperm,
-                   kperm_used, kstart, kstep, span, tile_ptr, tile_col, tile_mask, masks,
+                   qpos, kperm_used, kpos, kstart, kstep, span, tile_ptr, tile_col, tile_mask, masks,
                    block, chunk, seg, precise):  # pragma: no cover - compiled
     """Piece ``p`` (softmax group ``g``) of every (batch, head) whose group is ``g``.
 
     ``span > 0``: the key blocks of a work item's tiles lie within ``span``
     consecutive blocks of the piece's order; each work item then copies those key
-    and value rows (token ``kperm_used[x]`` for position ``x``) into its own
-    buffers, which stay in cache for all its tiles."""
+    and value rows (token ``kperm_used[x]`` for position ``x``), and its query rows
+    and softmax state, into buffers of its own (the piece's order is then
+    contiguous, and the copies read runs of consecutive tokens)."""
     n = m1.shape[0] // BH
     nb = (n + block - 1) // block
     dt = q1.dtype
@@ -482,53 +496,91 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last
     local = np.arange(n, dtype=kperm_used.dtype)
     lstart = np.arange(nb, dtype=kstart.dtype) * block
     lstep = np.ones(nb, dtype=kstep.dtype)
+    # buffers per thread, allocated once (not per work item)
+    T = numba.get_num_threads()
+    wq = np.empty((T, 2, block * d), dt)
+    wkv = np.empty((T, 2, chunk * block * d), dt)
+    ws = np.empty((T, block * chunk * block), dt)
+    wr = np.empty((T, 6, block), dt)
+    nkl = span * block if span > 0 else 0
+    nql = seg * block if span > 0 else 0
+    wkl = np.empty((T, 2, nkl * d), dt)
+    wql = np.empty((T, 2, nql * d), dt)
+    wml = np.empty((T, 2, nql), dt)
     for w in prange(BH * nseg):
         bh = w // nseg
         if (bh % H) % G != g:
             continue
-        qbuf = np.empty(block * d, dt)
-        obuf = np.empty(block * d, dt)
-        kbuf = np.empty(chunk * block * d, dt)
-        vbuf = np.empty(chunk * block * d, dt)
-        sbuf = np.empty(block * chunk * block, dt)
-        mrow = np.empty(block, dt)
-        lrow = np.empty(block, dt)
-        cmax = np.empty(block, dt)
-        msub = np.empty(block, dt)
-        csum = np.empty(block, dt)
-        alpha = np.empty(block, dt)
+        tid = numba.get_thread_id()
+        qbuf, obuf = wq[tid, 0], wq[tid, 1]
+        kbuf, vbuf = wkv[tid, 0], wkv[tid, 1]
+        sbuf = ws[tid]
+        mrow, lrow, cmax, msub, csum, alpha = wr[tid, 0], wr[tid, 1], wr[tid, 2], wr[tid, 3], wr[tid, 4], wr[tid, 5]
         I0 = (w % nseg) * seg
         I1 = min(nb, I0 + seg)
         base = bh * n
         if span > 0:
+            # this work item's queries, keys, values and softmax state, copied into
+            # buffers of its own in increasing token order (runs of rows, in cache after)
             t0 = tile_ptr[p * nb + I0]
             t1 = tile_ptr[p * nb + I1]
             if t0 == t1:
-                J0, J1 = 0, 0
+                J0, J1 = 0, -1
             else:
                 J0, J1 = tile_col[t0], tile_col[t0]
                 for t in range(t0 + 1, t1):
                     J0 = min(J0, tile_col[t])
                     J1 = max(J1, tile_col[t])
             x0 = J0 * block
-            x1 = min(n, (J1 + 1) * block) if t0 < t1 else x0
-            kl = np.empty((x1 - x0) * d, dt)
-            vl = np.empty((x1 - x0) * d, dt)
-            for x in range(x0, x1):
-                src = (base + kperm_used[x]) * d
-                kl[(x - x0) * d: (x - x0 + 1) * d] = k1[src: src + d]
-                vl[(x - x0) * d: (x - x0 + 1) * d] = v1[src: src + d]
+            x1 = min(n, (J1 + 1) * block)
+            kl, vl = wkl[tid, 0], wkl[tid, 1]
+            lo, hi = _token_range(kperm_used, x0, x1)
+            for j in range(lo, hi + 1):  # in token order: runs of consecutive rows
+                u = kpos[j] - x0
+                if 0 <= u < x1 - x0:
+                    kl[u * d: (u + 1) * d] = k1[(base + j) * d: (base + j + 1) * d]
+                    vl[u * d: (u + 1) * d] = v1[(base + j) * d: (base + j + 1) * d]
+            y0 = I0 * block
+            y1 = min(n, I1 * block)
+            ql, ol = wql[tid, 0], wql[tid, 1]
+            ml, ll = wml[tid, 0], wml[tid, 1]
+            qlo, qhi = _token_range(qperm[p], y0, y1)
+            for j in range(qlo, qhi + 1):
+                u = qpos[j] - y0
+                if 0 <= u < y1 - y0:
+                    i = base + j
+                    ql[u * d: (u + 1) * d] = q1[i * d: (i + 1) * d]
+                    if not first:
+                        ol[u * d: (u + 1) * d] = o1[i * d: (i + 1) * d]
+                        ml[u] = m1[i]
+                        ll[u] = l1[i]
             for I in range(I0, I1):
-                _qblock(q1, kl, vl, o1, m1, l1, base, -x0, n, d, p, I, scale, first, last,
-                        qperm, local, lstart, lstep, tile_ptr, tile_col, tile_mask, masks,
+                _qblock(ql, kl, vl, ol, ml, ll, -y0, -x0, n, d, p, I, scale, first, last,
+                        local, local, lstart, lstep, tile_ptr, tile_col, tile_mask, masks,
                         block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
                         msub, csum, alpha)
+            for j in range(qlo, qhi + 1):
+                u = qpos[j] - y0
+                if 0 <= u < y1 - y0:
+                    i = base + j
+                    o1[i * d: (i + 1) * d] = ol[u * d: (u + 1) * d]
+                    m1[i] = ml[u]
+                    l1[i] = ll[u]
         else:
             for I in range(I0, I1):
                 _qblock(q1, k1, v1, o1, m1, l1, base, base, n, d, p, I, scale, first, last,
-                        qperm, kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks,
+                        qperm[p], kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks,
                         block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
                         msub, csum, alpha)
+
+_LOCAL_ROWS = 2048
+
+
+def _inverse(perm: np.ndarray) -> np.ndarray:
+    inv = np.empty_like(perm)
+    inv[perm] = np.arange(perm.size, dtype=perm.dtype)
+    return inv
+
 
 def _item_span(ptr: np.ndarray, tile_col: np.ndarray, seg: int) -> int:
     """Most key blocks (first to last) that the tiles of one work item (``seg`` query
@@ -571,11 +623,14 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, G, piece_group, residue, qperm
         used = int(cols.max()) + 1 if cols.size else 0
         ks, kt = kstep[p], kstart[p]
         kq, vq, kperm_used = k1, v1, kperm[p]
-        span = 0
+        span, sp = 0, seg
         if (ks[:used] != 1).any():
-            span = _item_span(tile_ptr[p * nb: (p + 1) * nb + 1], tile_col, seg)
-            if span > 2 * seg:  # a work item would copy more than it reuses: reorder once
-                span = 0
+            # copies per work item: items of about _LOCAL_ROWS queries, so that the
+            # copies read runs of rows (16 rows per run for a stride-128 head's order)
+            sp = max(seg, -(-_LOCAL_ROWS // block))
+            span = _item_span(tile_ptr[p * nb: (p + 1) * nb + 1], tile_col, sp)
+            if span > 2 * sp:  # a work item would copy more than it reuses: reorder once
+                span, sp = 0, seg
                 rows = min(n, used * block)
                 if kp1 is None:
                     kp1, vp1 = np.empty_like(k1), np.empty_like(v1)
@@ -591,8 +646,8 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, G, piece_group, residue, qperm
                 ks = np.ones(nb, dtype=np.int64)
                 kperm_used = np.arange(n, dtype=kperm.dtype)
         _forward_piece(q1, kq, vq, o1, m1, l1, BH, H, d, scale, G, groups[p], p, first, last,
-                       qperm, kperm_used, kt, ks, span, tile_ptr, tile_col, tile_mask, masks, block,
-                       chunk, seg, precise)
+                       qperm, _inverse(qperm[p]), kperm_used, _inverse(kperm_used), kt, ks, span, tile_ptr, tile_col, tile_mask, masks, block,
+                       chunk, sp, precise)
 
 
 # --------------------------------------------------------------------- backward
