@@ -481,7 +481,7 @@ def _token_range(perm, x0, x1):  # pragma: no cover - compiled
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
 def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last, qperm,
                    qpos, kperm_used, kpos, kstart, kstep, span, tile_ptr, tile_col, tile_mask, masks,
-                   block, chunk, seg, precise):  # pragma: no cover - compiled
+                   block, chunk, seg, precise, T):  # pragma: no cover - compiled
     """Piece ``p`` (softmax group ``g``) of every (batch, head) whose group is ``g``.
 
     ``span > 0``: the key blocks of a work item's tiles lie within ``span``
@@ -496,8 +496,7 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last
     local = np.arange(n, dtype=kperm_used.dtype)
     lstart = np.arange(nb, dtype=kstart.dtype) * block
     lstep = np.ones(nb, dtype=kstep.dtype)
-    # buffers per thread, allocated once (not per work item)
-    T = numba.get_num_threads()
+    # buffers per thread (``T`` threads), allocated once, not per work item
     wq = np.empty((T, 2, block * d), dt)
     wkv = np.empty((T, 2, chunk * block * d), dt)
     ws = np.empty((T, block * chunk * block), dt)
@@ -647,7 +646,7 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, G, piece_group, residue, qperm
                 kperm_used = np.arange(n, dtype=kperm.dtype)
         _forward_piece(q1, kq, vq, o1, m1, l1, BH, H, d, scale, G, groups[p], p, first, last,
                        qperm, _inverse(qperm[p]), kperm_used, _inverse(kperm_used), kt, ks, span, tile_ptr, tile_col, tile_mask, masks, block,
-                       chunk, sp, precise)
+                       chunk, sp, precise, numba.get_num_threads())
 
 
 # --------------------------------------------------------------------- backward
