@@ -61,14 +61,14 @@ def rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def memory_child(n: int) -> None:
+def memory_child(n: int, block: int) -> None:
     """In a fresh process: peak resident memory of one forward at ``n`` (JSON on stdout)."""
     x = inputs(64)
-    attention(*x, sps.make("strided", 64, stride=8), mode="merged")  # load the kernel
+    attention(*x, sps.make("strided", 64, stride=8), mode="merged", block=block)  # load the kernel
     base = rss()
     q, k, v = inputs(n)
     pat = sps.make("strided", n, stride="sqrt")
-    plan(pat, mode="merged")
+    plan(pat, mode="merged", block=block)
     before = rss()
     peak = [before]
     done = threading.Event()
@@ -80,7 +80,7 @@ def memory_child(n: int) -> None:
 
     th = threading.Thread(target=sample)
     th.start()
-    out = attention(q, k, v, pat, mode="merged")
+    out = attention(q, k, v, pat, mode="merged", block=block)
     done.set()
     th.join()
     peak[0] = max(peak[0], rss())
@@ -108,16 +108,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cold", action="store_true", help="also time a cold compile")
-    ap.add_argument("--block", type=int, default=64, help="tile size of the plans (default 64)")
+    ap.add_argument("--block", type=int, default=sps.kernels.BLOCK,
+                    help="tile size of the plans (default: the kernels' default, 32)")
     ap.add_argument("--memory-child", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    print(f"plan block: {args.block} tokens (memory figure: block 64)")
     if args.memory_child:
-        memory_child(args.memory_child)
+        memory_child(args.memory_child, args.block)
         return
 
     import torch
 
+    print(f"plan block: {args.block} tokens")
     x = inputs(64)
     t = time.perf_counter()
     attention(*x, sps.make("strided", 64, stride=8), mode="merged", block=args.block)
@@ -175,7 +176,8 @@ def main() -> None:
     print(f"strided n={n2} (l={pat2.params['stride']}): {t2 * 1e3:.0f} ms = "
           f"{t2 / res['strided']:.1f}x n={n} (target <= 10x; 16x is quadratic)")
 
-    child = subprocess.run([sys.executable, __file__, "--memory-child", str(n2)],
+    child = subprocess.run([sys.executable, __file__, "--memory-child", str(n2), "--block",
+                            str(args.block)],
                            capture_output=True, text=True, check=True)
     m = json.loads(child.stdout.strip().splitlines()[-1])
     limit = 2 * m["qkvo_bytes"] + 200e6

@@ -82,7 +82,7 @@ def test_strided_flops_match_closed_form(n, l):
     assert r.nnz == nnz
     assert r.useful_flops == 4 * nnz * 8 * 2 * 2  # 4 * nnz * d per head, B=2, H=2
     assert r.computed_flops == sps.plan(sps.make("strided", n, stride=l), mode="merged",
-                                        block=64).flops(2, 2, 8)[1]
+                                        block=sps.kernels.BLOCK).flops(2, 2, 8)[1]
     # multihead: head h uses pattern head h % 2 (A1 then A2)
     t = profile(["strided"], [n], impls=("reference",), baselines=(), params={"stride": l},
                 mode="multihead", heads=3, head_dim=8, repeats=1)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .kernels import MODES, attention, attention_backward, plan
+from .kernels import BLOCK, MODES, attention, attention_backward, plan
 from .pattern import Pattern
 
 __all__ = ["SparseAttention", "sparse_attention"]
@@ -41,7 +41,7 @@ class _SparseAttentionFunction(torch.autograd.Function):
 
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: Pattern, *,
                      mode: str = "multihead", scale: float | None = None, impl: str = "numba",
-                     block: int = 64) -> torch.Tensor:
+                     block: int = BLOCK) -> torch.Tensor:
     """Differentiable sparse attention on ``(B, H, n, d)`` tensors.
 
     Parameters and conventions as :func:`sparse_patterns.kernels.attention`;
@@ -90,7 +90,7 @@ class SparseAttention(torch.nn.Module):
     """
 
     def __init__(self, pattern: Pattern, *, mode: str = "multihead",
-                 scale: float | None = None, impl: str = "numba", block: int = 64) -> None:
+                 scale: float | None = None, impl: str = "numba", block: int = BLOCK) -> None:
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"mode: must be one of {', '.join(map(repr, MODES))}; got {mode!r}")

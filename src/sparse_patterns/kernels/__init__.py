@@ -22,9 +22,10 @@ import numpy as np
 
 from .._validate import check_bool, check_choice, check_int
 from ..pattern import Pattern
-from .plan import MODES, ExecutionPlan, clear_plan_cache, plan
+from .plan import BLOCK, MODES, ExecutionPlan, clear_plan_cache, plan
 
 __all__ = [
+    "BLOCK",
     "ExecutionPlan", "plan", "MODES", "clear_plan_cache", "Impl", "IMPLS", "BACKWARD_IMPLS",
     "register_impl", "attention", "attention_backward",
 ]
@@ -149,7 +150,7 @@ def _resolve(pattern: Any, mode: str, block: int) -> tuple[Pattern | None, Execu
 
 # ----------------------------------------------------------------------- impls
 def _numba_forward(q, k, v, pattern, *, mode="multihead", scale=None, return_lse=False,
-                   block=64):
+                   block=BLOCK):
     from . import cpu
 
     mode = check_choice("mode", mode, MODES)
@@ -160,7 +161,7 @@ def _numba_forward(q, k, v, pattern, *, mode="multihead", scale=None, return_lse
 
 
 def _reference_forward(q, k, v, pattern, *, mode="multihead", scale=None, return_lse=False,
-                       block=64):
+                       block=BLOCK):
     from .reference import reference_forward
 
     mode = check_choice("mode", mode, MODES)
@@ -179,7 +180,7 @@ def _cuda_forward(q, k, v, pattern, **kw):
     return cuda.attention(q, k, v, pattern, **kw)
 
 
-def _numba_backward(q, k, v, o, lse, do, pattern, *, mode="multihead", scale=None, block=64):
+def _numba_backward(q, k, v, o, lse, do, pattern, *, mode="multihead", scale=None, block=BLOCK):
     from . import cpu
 
     mode = check_choice("mode", mode, MODES)
@@ -192,7 +193,7 @@ def _numba_backward(q, k, v, o, lse, do, pattern, *, mode="multihead", scale=Non
 
 
 def _reference_backward(q, k, v, o, lse, do, pattern, *, mode="multihead", scale=None,
-                        block=64):
+                        block=BLOCK):
     from .reference import reference_backward
 
     mode = check_choice("mode", mode, MODES)
@@ -206,7 +207,7 @@ def _reference_backward(q, k, v, o, lse, do, pattern, *, mode="multihead", scale
     return tuple(x.out(g) for g in grads)
 
 
-def _cuda_backward(q, k, v, o, lse, do, pattern, *, mode="multihead", scale=None, block=64):
+def _cuda_backward(q, k, v, o, lse, do, pattern, *, mode="multihead", scale=None, block=BLOCK):
     from . import cuda
 
     _, pl = _resolve(pattern, mode, block)
@@ -259,7 +260,7 @@ def _impl_name(impl: Any, table: dict[str, Any]) -> str:
 def attention(
     q: Any, k: Any, v: Any, pattern: Pattern | ExecutionPlan, *, mode: str = "multihead",
     impl: str | Impl = "numba", scale: float | None = None, return_lse: bool = False,
-    block: int = 64,
+    block: int = BLOCK,
 ) -> Any:
     """Sparse attention of ``pattern``: softmax over the attended keys of each query.
 
@@ -286,7 +287,7 @@ def attention(
     return_lse : bool
         Also return the log-sum-exp of each row's scaled scores.
     block : int
-        Tile size of the plan, in ``[1, 4096]``.
+        Tile size of the plan, in ``[1, 4096]``; default :data:`BLOCK` (32).
 
     Returns
     -------
@@ -335,7 +336,7 @@ def attention(
 def attention_backward(
     q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, pattern: Pattern | ExecutionPlan, *,
     mode: str = "multihead", impl: str | Impl = "numba", scale: float | None = None,
-    block: int = 64,
+    block: int = BLOCK,
 ) -> tuple[Any, Any, Any]:
     """Gradients ``(dq, dk, dv)`` of :func:`attention`, recomputed from its log-sum-exp.
 

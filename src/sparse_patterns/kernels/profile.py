@@ -36,7 +36,7 @@ import scipy.sparse as sp
 from .._validate import check_choice, check_int
 from ..pattern import DENSE_LIMIT, Pattern
 from ..patterns import registry
-from .plan import MODES, plan
+from .plan import BLOCK, MODES, plan
 
 __all__ = ["profile", "ProfileTable", "ProfileRow", "Measurement", "BASELINES", "DTYPES"]
 
@@ -701,7 +701,7 @@ def profile(
     mode: str = "merged",
     params: Mapping[str, Any] | None = None,
     progress: Callable[[int, int, str], None] | None = None,
-    block: int = 64,
+    block: int = BLOCK,
     seed: int = 0,
 ) -> ProfileTable:
     """Time each pattern's forward attention, ours next to torch SDPA and FlexAttention.
