@@ -615,9 +615,13 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, G, piece_group, residue, qperm
     l1 = np.empty_like(m1)
     kstart, kstep = _block_steps(kperm, block)
     kp1 = vp1 = None
-    for p in range(len(groups)):
-        first = p == groups.index(groups[p])
-        last = p == len(groups) - 1 - groups[::-1].index(groups[p])
+    # pieces whose query blocks are not runs of tokens first: they then only write the
+    # state of their rows, which the pieces in natural order read back sequentially
+    qs = _block_steps(qperm, block)[1]
+    order = sorted(range(len(groups)), key=lambda p: bool((qs[p] == 1).all()))
+    for p in order:
+        same = [x for x in order if groups[x] == groups[p]]
+        first, last = p == same[0], p == same[-1]
         cols = tile_col[tile_ptr[p * nb]: tile_ptr[(p + 1) * nb]]
         used = int(cols.max()) + 1 if cols.size else 0
         ks, kt = kstep[p], kstart[p]
