@@ -15,8 +15,9 @@ queries, and ``P V`` added into the tile's output buffer. Nothing of size
 
 Backward: recomputes the probabilities from the saved log-sum-exp, in parallel
 over (batch x head); for every piece and key block it gathers the query rows of
-a chunk of the block's tiles, accumulates ``dk`` and ``dv`` in tile buffers and
-adds ``dq`` into its rows (each thread owns whole heads: no write conflicts).
+a chunk of the block's tiles, accumulates ``dk`` and ``dv`` in tile buffers (BLAS
+with ``beta = 1``) and adds ``dq`` into its rows (each thread owns whole heads: no
+write conflicts).
 
 Three details decide the speed on a CPU without SVML:
 
@@ -659,26 +660,31 @@ def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, J, scale, qperm,
             col_ptr, col_tile, tile_row, tile_mask, masks, block, chunk, precise, kc, vc, qc, doc, lc,
             dc, sbuf, dpbuf, dkacc, dvacc, dqc, rowsrc):  # pragma: no cover - compiled
     """Key block ``J`` of piece ``p`` for one (batch, head): dk, dv of its keys and the
-    dq contributions of every query row of its tiles, from the saved log-sum-exp."""
+    dq contributions of every query row of its tiles, from the saved log-sum-exp.
+
+    Row-major buffers, BLAS ``gemm`` in column-major terms (``C^T = B^T A^T``): the
+    products accumulate into ``dk`` and ``dv`` with ``beta = 1`` and carry the score
+    scale in ``alpha``. Float32 recomputes ``P = 2**(s log2 e - lse log2 e)``."""
     d = q2.shape[1]
     nb = (n + block - 1) // block
     ninf = -np.inf
+    unit = 1.0 if precise else _LOG2E
     u0 = col_ptr[p * nb + J]
     u1 = col_ptr[p * nb + J + 1]
     if u0 == u1:
         return
     cols = min(block, n - J * block)
-    kv = kc[: cols * d].reshape((cols, d))
-    vv = vc[: cols * d].reshape((cols, d))
-    dka = dkacc[: cols * d].reshape((cols, d))
-    dva = dvacc[: cols * d].reshape((cols, d))
+    kv = kc[: cols * d]
+    kt = kc[cols * d: 2 * cols * d]  # K^T and V^T (d x cols): NN score products
+    vt = vc[: cols * d]
     for x in range(cols):
         src = base + kperm[p, J * block + x]
+        kv[x * d: (x + 1) * d] = k2[src]
         for c in range(d):
-            kv[x, c] = k2[src, c]
-            vv[x, c] = v2[src, c]
-            dka[x, c] = 0.0
-            dva[x, c] = 0.0
+            kt[c * cols + x] = k2[src, c]
+            vt[c * cols + x] = v2[src, c]
+    dkacc[: cols * d] = 0.0
+    dvacc[: cols * d] = 0.0
     for a0 in range(u0, u1, chunk):
         a1 = min(u1, a0 + chunk)
         m = 0
@@ -688,17 +694,14 @@ def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, J, scale, qperm,
             for r in range(rows):
                 src = base + qperm[p, I * block + r]
                 rowsrc[m + r] = src
-                for c in range(d):
-                    qc[(m + r) * d + c] = q2[src, c] * scale
-                    doc[(m + r) * d + c] = do2[src, c]
-                lc[m + r] = l1[src]
+                qc[(m + r) * d: (m + r + 1) * d] = q2[src]
+                doc[(m + r) * d: (m + r + 1) * d] = do2[src]
+                lc[m + r] = l1[src] * unit
                 dc[m + r] = delta[src - base]
             m += rows
-        qv = qc[: m * d].reshape((m, d))
-        dov = doc[: m * d].reshape((m, d))
+        # s (m x cols) = scale Q K^T, in base-2 units for float32
+        _gemm(_N, _N, cols, m, d, scale * unit, kt, 0, cols, qc, 0, d, 0.0, sbuf, 0, cols)
         s = sbuf[: m * cols].reshape((m, cols))
-        dp = dpbuf[: m * cols].reshape((m, cols))
-        np.dot(qv, kv.T, s)
         off = 0
         for a in range(a0, a1):
             t = col_tile[a]
@@ -708,38 +711,37 @@ def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, J, scale, qperm,
                 _mask_tile(s, off, rows, 0, cols, masks, mi)
             off += rows
         for r in range(m):
-            if lc[r] == ninf:
+            lr = lc[r]
+            if lr == ninf:
                 for c in range(cols):
                     s[r, c] = 0.0
+            elif precise:
+                for c in range(cols):
+                    s[r, c] = math.exp(s[r, c] - lr)
             else:
-                _exp_sub_row(s, r, cols, lc[r], precise)
-        # s now holds P; dv += P^T dO, dP = dO V^T, dS = P (dP - delta)
-        np.dot(s.T, dov, dqc[: cols * d].reshape((cols, d)))
-        tmp = dqc[: cols * d].reshape((cols, d))
-        for x in range(cols):
-            for c in range(d):
-                dva[x, c] += tmp[x, c]
-        np.dot(dov, vv.T, dp)
+                for c in range(cols):
+                    s[r, c] = _exp2f(np.float32(s[r, c] - lr))
+        # s now holds P: dv += P^T dO (cols x d)
+        _gemm(_N, _T, d, cols, m, 1.0, doc, 0, d, sbuf, 0, cols, 1.0, dvacc, 0, d)
+        # dP (m x cols) = dO V^T; dS = P (dP - delta)
+        _gemm(_N, _N, cols, m, d, 1.0, vt, 0, cols, doc, 0, d, 0.0, dpbuf, 0, cols)
+        dp = dpbuf[: m * cols].reshape((m, cols))
         for r in range(m):
             dr = dc[r]
             for c in range(cols):
                 s[r, c] = s[r, c] * (dp[r, c] - dr)
-        # dk += dS^T (q * scale); dq += scale * dS K
-        np.dot(s.T, qv, tmp)
-        for x in range(cols):
-            for c in range(d):
-                dka[x, c] += tmp[x, c]
-        dqv = dqc[: m * d].reshape((m, d))
-        np.dot(s, kv, dqv)
+        # dk += scale dS^T Q (cols x d); dq += scale dS K (m x d)
+        _gemm(_N, _T, d, cols, m, scale, qc, 0, d, sbuf, 0, cols, 1.0, dkacc, 0, d)
+        _gemm(_N, _N, d, m, cols, scale, kv, 0, d, sbuf, 0, cols, 0.0, dqc, 0, d)
         for r in range(m):
             dst = rowsrc[r]
             for c in range(d):
-                dq[dst, c] += dqv[r, c] * scale
+                dq[dst, c] += dqc[r * d + c]
     for x in range(cols):
         dst = base + kperm[p, J * block + x]
         for c in range(d):
-            dk[dst, c] += dka[x, c]
-            dv[dst, c] += dva[x, c]
+            dk[dst, c] += dkacc[x * d + c]
+            dv[dst, c] += dvacc[x * d + c]
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
@@ -764,7 +766,7 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                 dq[base + i, c] = 0.0
                 dk[base + i, c] = 0.0
                 dv[base + i, c] = 0.0
-        kc = np.empty(block * d, dt)
+        kc = np.empty(2 * block * d, dt)
         vc = np.empty(block * d, dt)
         qc = np.empty(chunk * block * d, dt)
         doc = np.empty(chunk * block * d, dt)
