@@ -3,15 +3,16 @@
 Forward: the pieces of one softmax group continue a single online softmax per
 token (running max ``m``, running sum ``l``, unnormalized output), so no
 log-sum-exp merge is needed between them: the first piece of a group starts the
-state, the last one normalizes it. A piece whose key blocks are not runs of
-consecutive tokens first has its used key and value rows put in its order, once
-per call (a ``residue(s)`` order is copied in 16 x 16 cells of the ``(n/s) x s``
-grid, so reads and writes are runs of rows). Then, in parallel over (batch x
-head, run of query blocks), the scores of a query tile against a chunk of key
-tiles are computed transposed (keys x queries, one BLAS ``gemm`` on ``Q^T``), the
-partial tiles masked, the online softmax updated with loops vectorized across the
-queries, and ``P V`` added into the tile's output buffer. Nothing of size
-``n x n`` is ever allocated.
+state, the last one normalizes it. In parallel over (batch x head, run of query
+blocks), the scores of a query tile against a chunk of key tiles are computed
+transposed (keys x queries, one BLAS ``gemm`` on ``Q^T``), the partial tiles
+masked, the online softmax updated with loops vectorized across the queries, and
+``P V`` added into the tile's output buffer. A piece whose blocks are not runs of
+consecutive tokens (a ``residue(s)`` order) has each work item copy its queries,
+keys, values and softmax state into buffers of its own, reading them in token
+order; if a work item's keys span much more than its queries (summary keys put
+first), the used key blocks are put in the piece's order once per call instead.
+Nothing of size ``n x n`` is ever allocated.
 
 Backward: recomputes the probabilities from the saved log-sum-exp, in parallel
 over (batch x head); for every piece and key block it gathers the query rows of
@@ -25,11 +26,10 @@ Three details decide the speed on a CPU without SVML:
   scales its scores by ``log2 e`` (in the score product) and uses Cephes'
   ``exp2f`` (``x = n + r``, a degree-6 polynomial in ``r``, relative error below
   2e-7) written so LLVM vectorizes it, building ``2**n`` with a bitcast (the
-  backward uses Cephes' ``expf``); the float64 path keeps ``math.exp``;
+  backward does the same with the saved log-sum-exp); float64 keeps ``math.exp``;
 * the row max: a float max reduction is not vectorized without fast-math (which
   would drop NaN semantics), so the forward keeps the scores transposed and takes
-  elementwise maxima across the queries (the backward's helper uses an integer
-  max over order-preserving keys of the float bit patterns);
+  elementwise maxima across the queries;
 * the matrix products call BLAS ``?gemm`` directly (numba's own entry point,
   the one ``np.dot`` uses) with leading dimensions, scale and ``beta``, in the
   ``NN``/``NT`` forms that OpenBLAS's small-matrix kernels run fastest (a ``TN``
@@ -52,7 +52,7 @@ import numpy as np
 from llvmlite import ir
 from numba import prange
 from numba.core import cgutils, types
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic
 from numba.np.linalg import ensure_blas
 
 __all__ = ["forward", "backward", "single_threaded_blas"]
@@ -81,80 +81,7 @@ def _bits_to_f32(typingctx, x):  # pragma: no cover - compiled
     return types.float32(x), codegen
 
 
-@intrinsic
-def _f32_to_bits(typingctx, x):  # pragma: no cover - compiled
-    """The int32 whose bits are those of float32 ``x``."""
-    if x != types.float32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return types.int32(x), codegen
-
-
 # --------------------------------------------------------------------- row helpers
-@numba.njit(cache=True, fastmath=_FM)
-def _exp_sub_row(s, r, ncol, m, precise):  # pragma: no cover - compiled
-    """``s[r, c] = exp(s[r, c] - m)`` in place for ``c < ncol``.
-
-    ``-inf`` gives exactly 0 and NaN stays NaN. ``precise`` uses ``math.exp``
-    (the float64 path); otherwise the vectorizable float32 Cephes polynomial.
-    """
-    if precise:
-        for c in range(ncol):
-            s[r, c] = math.exp(s[r, c] - m)
-        return
-    F = np.float32
-    mf = F(m)
-    for c in range(ncol):
-        x = F(s[r, c]) - mf
-        xc = x if x > F(-87.0) else F(-87.0)
-        nf = np.floor(xc * F(_LOG2E) + F(0.5))
-        rr = xc - nf * F(0.693359375) - nf * F(-2.12194440e-4)
-        z = rr * rr
-        y = (((((F(1.9875691500e-4) * rr + F(1.3981999507e-3)) * rr + F(8.3334519073e-3)) * rr
-               + F(4.1665795894e-2)) * rr + F(1.6666665459e-1)) * rr + F(5.0000001201e-1)) * z
-        y = (y + rr + F(1.0)) * _bits_to_f32((np.int32(nf) + 127) << 23)
-        s[r, c] = y if x >= F(-87.0) else (x if x != x else F(0.0))
-
-
-def _row_max(s, r, ncol, m):  # pragma: no cover - replaced by the overload below
-    """Max of ``m`` and ``s[r, :ncol]``; a NaN in the row makes it NaN."""
-    raise NotImplementedError
-
-
-def _row_max_f32(s, r, ncol, m):  # pragma: no cover - compiled
-    best = np.int32(-2147483648)
-    for c in range(ncol):
-        b = _f32_to_bits(s[r, c])
-        key = b ^ ((b >> 31) & np.int32(0x7FFFFFFF))
-        best = key if key > best else best
-    x = _bits_to_f32(best ^ ((best >> 31) & np.int32(0x7FFFFFFF)))
-    return x if (x > m or x != x) else m
-
-
-def _row_max_any(s, r, ncol, m):  # pragma: no cover - compiled
-    for c in range(ncol):
-        x = s[r, c]
-        if x > m or x != x:
-            m = x
-    return m
-
-
-@overload(_row_max, jit_options={"cache": True})
-def _row_max_impl(s, r, ncol, m):  # pragma: no cover - typing
-    return _row_max_f32 if s.dtype == types.float32 else _row_max_any
-
-
-@numba.njit(cache=True, fastmath=_FM_RED)
-def _row_sum(s, r, ncol):  # pragma: no cover - compiled
-    tot = s.dtype.type(0.0)
-    for c in range(ncol):
-        tot += s[r, c]
-    return tot
-
-
 @numba.njit(cache=True)
 def _mask_tile(s, r0, nrow, c0, ncol, masks, mi):  # pragma: no cover - compiled
     """``-inf`` where partial tile ``mi`` (at rows ``r0..``, columns ``c0..`` of ``s``) is unset."""
