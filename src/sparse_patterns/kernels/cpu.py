@@ -529,8 +529,9 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, G, piece_group, residue, qperm
     """``q1, k1, v1, o1``: flattened ``(B*H*n*d,)``; ``m1``: ``(B*H*n,)`` (becomes the
     log-sum-exp); head ``h`` uses group ``h % G``. The pieces of a group continue one
     online softmax per token. Key rows are used in place where a piece's key blocks
-    are runs of consecutive tokens; otherwise the used key blocks are first put in
-    the piece's order (one buffer pair reused by the pieces)."""
+    are runs of consecutive tokens; otherwise each work item copies the rows it needs
+    or, if that would copy much more than it uses, the used key blocks are first put
+    in the piece's order (one buffer pair reused by the pieces)."""
     ensure_blas()
     n = m1.shape[0] // BH
     nb = -(-n // block)
@@ -577,8 +578,9 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, G, piece_group, residue, qperm
                 ks = np.ones(nb, dtype=np.int64)
                 kperm_used = np.arange(n, dtype=kperm.dtype)
         _forward_piece(q1, kq, vq, o1, m1, l1, BH, H, d, scale, G, groups[p], p, first, last,
-                       qperm, _inverse(qperm[p]), kperm_used, _inverse(kperm_used), kt, ks, span, tile_ptr, tile_col, tile_mask, masks, block,
-                       chunk, sp, precise, numba.get_num_threads())
+                       qperm, _inverse(qperm[p]), kperm_used, _inverse(kperm_used), kt, ks,
+                       span, tile_ptr, tile_col, tile_mask, masks, block, chunk, sp, precise,
+                       numba.get_num_threads())
 
 
 # --------------------------------------------------------------------- backward
