@@ -63,6 +63,23 @@ _FM = {"contract"}  # FMA contraction only: NaN and inf keep their IEEE meaning
 _FM_RED = {"contract", "reassoc"}  # plain sums may be reordered (vectorized)
 
 
+# --------------------------------------------------------------------- vector width
+@intrinsic
+def _wide(typingctx):  # pragma: no cover - compiled
+    """Let LLVM vectorize the calling function with 512-bit vectors (``zmm``) on a CPU
+    that has them. LLVM's default tuning for AVX-512 CPUs prefers 256-bit vectors;
+    the softmax, masking and rescaling loops run about 20% faster with 512. A no-op
+    elsewhere (LLVM caps the width at what the CPU has)."""
+    def codegen(context, builder, signature, args):
+        attrs = builder.function.attributes
+        try:  # a string attribute, which llvmlite's whitelist does not list
+            set.add(attrs, '"prefer-vector-width"="512"')
+        except TypeError:  # pragma: no cover - a future llvmlite without set semantics
+            pass
+        return context.get_dummy_value()
+    return types.none(), codegen
+
+
 # --------------------------------------------------------------------- bit casts
 @intrinsic
 def _bits_to_f32(typingctx, x):  # pragma: no cover - compiled
@@ -85,6 +102,7 @@ def _bits_to_f32(typingctx, x):  # pragma: no cover - compiled
 @numba.njit(cache=True)
 def _mask_tile(s, r0, nrow, c0, ncol, masks, mi):  # pragma: no cover - compiled
     """``-inf`` where partial tile ``mi`` (at rows ``r0..``, columns ``c0..`` of ``s``) is unset."""
+    _wide()
     W = masks.shape[2]
     ninf = s.dtype.type(-np.inf)
     for r in range(nrow):
@@ -101,6 +119,7 @@ def _mask_tile(s, r0, nrow, c0, ncol, masks, mi):  # pragma: no cover - compiled
 def _mask_tile_t(st, c0, ncol, nrow, masks, mi):  # pragma: no cover - compiled
     """``-inf`` where partial tile ``mi`` is unset, in transposed scores: tile
     column ``c`` (a key) is row ``c0 + c`` of ``st``, tile row ``r`` its column ``r``."""
+    _wide()
     W = masks.shape[2]
     ninf = st.dtype.type(-np.inf)
     for w in range(W):
@@ -139,6 +158,7 @@ def _softmax_cols(st, nk, rows, mrow, cmax, msub, csum, precise):  # pragma: no 
     whose max is ``-inf``), ``csum`` = the column sums. ``precise`` (float64):
     natural units and ``math.exp``; otherwise the scores are in base-2 units
     (scaled by ``log2 e``) and the exponential is :func:`_exp2f`."""
+    _wide()
     F = st.dtype.type
     ninf = F(-np.inf)
     for r in range(rows):
@@ -245,6 +265,7 @@ def _block_steps(perm, block):  # pragma: no cover - compiled
 def _exp_rows(x, rows, precise):  # pragma: no cover - compiled
     """``x[:rows] = exp(x[:rows])`` (``precise``) or ``2**x[:rows]`` (float32, vectorized);
     ``-inf`` gives 0, NaN stays NaN."""
+    _wide()
     if precise:
         for r in range(rows):
             x[r] = math.exp(x[r])
@@ -264,6 +285,7 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last,
     token lives in ``m1`` (running max), ``l1`` (running sum) and ``o1`` (unnormalized output);
     the ``first`` piece of a group starts it, the ``last`` one normalizes (``o1``
     becomes the output, ``m1`` the log-sum-exp)."""
+    _wide()
     nb = (n + block - 1) // block
     ninf = -np.inf
     unit = 1.0 if precise else _LOG2E  # float32 scores in base-2 units (exp2 is cheaper)
@@ -355,6 +377,7 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last,
 def _permute_rows(x1, perm, p, BH, rows, d, out1):  # pragma: no cover - compiled
     """``out1`` (flattened ``(BH*n, d)``): rows ``0 .. rows`` of every (batch, head)
     set to the rows of ``x1`` in the order ``perm[p]``."""
+    _wide()
     n = perm.shape[1]
     R = 512  # rows per work item (the loop may be handed out in small chunks)
     for u in prange((BH * rows + R - 1) // R):
@@ -372,6 +395,7 @@ def _permute_residue(x1, s, BH, n, d, out1):  # pragma: no cover - compiled
     group in increasing ``i``), the order of a ``residue(s)`` piece. Copied in tiles of
     ``16 x 16`` grid cells (token ``g*s + r`` goes to ``offset[r] + g``), so that reads and
     writes are both runs of consecutive rows."""
+    _wide()
     ng = (n + s - 1) // s
     off = np.empty(s + 1, np.int64)
     off[0] = 0
@@ -417,6 +441,7 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last
     and value rows (token ``kperm_used[x]`` for position ``x``), and its query rows
     and softmax state, into buffers of its own (the piece's order is then
     contiguous, and the copies read runs of consecutive tokens)."""
+    _wide()
     n = m1.shape[0] // BH
     nb = (n + block - 1) // block
     dt = q1.dtype
@@ -594,6 +619,7 @@ def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, J, scale, qperm,
     Row-major buffers, BLAS ``gemm`` in column-major terms (``C^T = B^T A^T``): the
     products accumulate into ``dk`` and ``dv`` with ``beta = 1`` and carry the score
     scale in ``alpha``. Float32 recomputes ``P = 2**(s log2 e - lse log2 e)``."""
+    _wide()
     d = q2.shape[1]
     nb = (n + block - 1) // block
     ninf = -np.inf
@@ -677,6 +703,7 @@ def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, J, scale, qperm,
 def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group, qperm, kperm,
               col_ptr, col_tile, tile_row, tile_mask, masks, block, chunk,
               precise):  # pragma: no cover - compiled
+    _wide()
     d = q2.shape[1]
     n = q2.shape[0] // BH
     nb = (n + block - 1) // block
