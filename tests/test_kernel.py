@@ -88,6 +88,45 @@ def test_key_orders_copied_per_work_item_or_once(mode, name, n, params, block, r
         check(pat, mode, dtype, block=block)
 
 
+@pytest.mark.parametrize(
+    "name, n, params, block, d",
+    [
+        ("strided", 200, {"stride": 16}, 32, 16),  # residue order: query rows gathered
+        ("strided", 150, {"stride": 10}, 16, 48),  # n a multiple of neither
+        ("fixed", 160, {"stride": 32, "c": 4}, 32, 32),
+    ],
+)
+def test_query_tiles_transposed_in_registers(name, n, params, block, d):
+    """Query blocks of 16 or 32 rows with ``d`` a multiple of 16 take the vector
+    transpose (:func:`_transpose16`); the last, partial block the scalar loop."""
+    pat = sps.make(name, n, **params)
+    for mode in ("multihead", "merged"):
+        for dtype in (np.float64, np.float32):
+            check(pat, mode, dtype, H=2, d=d, block=block, B=1)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_transpose16_against_numpy(dtype):
+    import numba
+
+    from sparse_patterns.kernels.cpu import _transpose16
+
+    @numba.njit
+    def run(src, roff, i0, c0, dst, doff, dld):
+        _transpose16(src, roff, i0, c0, dst, doff, dld)
+
+    rng = np.random.default_rng(5)
+    src = rng.standard_normal(40 * 24).astype(dtype)  # 40 rows of 24
+    rows = rng.permutation(40)[:20]  # arbitrary rows, in any order
+    roff = (rows * 24).astype(np.int64)
+    dst = np.zeros(20 * 30, dtype)
+    run(src, roff, 3, 5, dst, 7, 30)  # rows roff[3:19], columns 5..20
+    want = np.zeros_like(dst)
+    for c in range(16):
+        want[7 + c * 30: 7 + c * 30 + 16] = src.reshape(40, 24)[rows[3:19], 5 + c]
+    np.testing.assert_array_equal(dst, want)
+
+
 def random_patterns():
     return _random_patterns(max_n=30, densities=(0.0, 0.05, 0.2, 0.6, 1.0), single_key=0.4)
 

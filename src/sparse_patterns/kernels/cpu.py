@@ -237,6 +237,45 @@ _N, _T = ord("N"), ord("T")
 
 
 # --------------------------------------------------------------------- forward
+@intrinsic
+def _transpose16(typingctx, src, roff, i0, c0, dst, doff, dld):  # pragma: no cover - compiled
+    """``dst[doff + c * dld + r] = src[roff[i0 + r] + c0 + c]`` for ``r, c < 16``: a
+    16 x 16 tile transposed in vector registers (16 row loads, 64 two-vector shuffles
+    in four butterfly stages, 16 stores), about 6x faster than a scalar loop, whose
+    strided stores LLVM cannot vectorize well."""
+    def codegen(context, builder, signature, args):
+        src_, roff_, i0_, c0_, dst_, doff_, dld_ = args
+        sty, rty = signature.args[:2]
+        dty = signature.args[4]
+        sp = context.make_array(sty)(context, builder, src_).data
+        rp = context.make_array(rty)(context, builder, roff_).data
+        dp = context.make_array(dty)(context, builder, dst_).data
+        vt = ir.VectorType(context.get_value_type(sty.dtype), 16)
+        i64 = ir.IntType(64)
+        rows = []
+        for i in range(16):
+            o = builder.load(builder.gep(rp, [builder.add(i0_, i64(i))]))
+            ptr = builder.gep(sp, [builder.add(o, c0_)])
+            rows.append(builder.load(builder.bitcast(ptr, vt.as_pointer()), align=4))
+        h = 8
+        while h >= 1:  # rows i and i + h exchange blocks of h lanes
+            lo = [m + t for m in range(0, 16, 2 * h) for t in (*range(h), *range(16, 16 + h))]
+            hi = [x + h for x in lo]
+            masks = [ir.Constant(ir.VectorType(ir.IntType(32), 16), x) for x in (lo, hi)]
+            new = list(rows)
+            for i in range(16):
+                if not i & h:
+                    new[i] = builder.shuffle_vector(rows[i], rows[i + h], masks[0])
+                    new[i + h] = builder.shuffle_vector(rows[i], rows[i + h], masks[1])
+            rows = new
+            h //= 2
+        for j in range(16):
+            ptr = builder.gep(dp, [builder.add(doff_, builder.mul(dld_, i64(j)))])
+            builder.store(rows[j], builder.bitcast(ptr, vt.as_pointer()), align=4)
+        return context.get_dummy_value()
+    return types.none(src, roff, i0, c0, dst, doff, dld), codegen
+
+
 @numba.njit(cache=True)
 def _block_steps(perm, block):  # pragma: no cover - compiled
     """``(start, step)`` int64 ``(P, nb)``: block ``J`` of piece ``p`` is the tokens
@@ -277,7 +316,7 @@ def _exp_rows(x, rows, precise):  # pragma: no cover - compiled
 @numba.njit(cache=True, fastmath=_FM)
 def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last, qmap, kperm_used,
             kstart, kstep, tile_ptr, tile_col, tile_mask, masks, block, chunk, precise, qbuf,
-            kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha):  # pragma: no cover - compiled
+            kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff):  # pragma: no cover - compiled
     """Query block ``I`` of piece ``p`` for one (batch, head): continues the online
     softmax of its queries over chunks of tiles. Position ``x`` of the piece's order
     is row ``base + qmap[x]`` of ``q1`` and of the state, and its key and value row
@@ -305,11 +344,18 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last,
             mrow[r] = m1[i]
             lrow[r] = l1[i]
             obuf[r * d: (r + 1) * d] = o1[i * d: (i + 1) * d]
-    if t0 < t1:
-        for r in range(rows):  # Q^T (d x rows): the score product is then a fast NN gemm
-            src = (base + qmap[x0 + r]) * d
-            for c in range(d):
-                qbuf[c * rows + r] = q1[src + c]
+    if t0 < t1:  # Q^T (d x rows): the score product is then a fast NN gemm
+        if rows % 16 == 0 and d % 16 == 0:
+            for r in range(rows):
+                roff[r] = (base + qmap[x0 + r]) * d
+            for r0 in range(0, rows, 16):
+                for c0 in range(0, d, 16):
+                    _transpose16(q1, roff, r0, c0, qbuf, c0 * rows + r0, rows)
+        else:
+            for r in range(rows):
+                src = (base + qmap[x0 + r]) * d
+                for c in range(d):
+                    qbuf[c * rows + r] = q1[src + c]
     for c0 in range(t0, t1, chunk):
         c1 = min(t1, c0 + chunk)
         J0 = tile_col[c0]
@@ -454,6 +500,7 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last
     wkv = np.empty((T, 2, chunk * block * d), dt)
     ws = np.empty((T, block * chunk * block), dt)
     wr = np.empty((T, 6, block), dt)
+    wi = np.empty((T, block), np.int64)
     nkl = span * block if span > 0 else 0
     nql = seg * block if span > 0 else 0
     wkl = np.empty((T, 2, nkl * d), dt)
@@ -510,7 +557,7 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last
                 _qblock(ql, kl, vl, ol, ml, ll, -y0, -x0, n, d, p, I, scale, first, last,
                         local, local, lstart, lstep, tile_ptr, tile_col, tile_mask, masks,
                         block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
-                        msub, csum, alpha)
+                        msub, csum, alpha, wi[tid])
             for j in range(qlo, qhi + 1):
                 u = qpos[j] - y0
                 if 0 <= u < y1 - y0:
@@ -523,7 +570,7 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last
                 _qblock(q1, k1, v1, o1, m1, l1, base, base, n, d, p, I, scale, first, last,
                         qperm[p], kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks,
                         block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
-                        msub, csum, alpha)
+                        msub, csum, alpha, wi[tid])
 
 _LOCAL_ROWS = 2048
 
