@@ -629,62 +629,80 @@ def _item_span(ptr: np.ndarray, tile_col: np.ndarray, seg: int) -> int:
     return int((hi - lo).max()) + 1
 
 
-def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, G, piece_group, residue, qperm, kperm,
-             tile_ptr, tile_col, tile_mask, masks, block, chunk, seg, precise):
+def _forward_steps(plan, seg: int) -> list[tuple]:
+    """What the forward derives from the plan alone, once per plan (see
+    :meth:`ExecutionPlan.memo`): the pieces in the order they run, each as
+    ``(p, first, last, span, items, reorder, kstart, kstep, kperm_used, qpos, kpos)``.
+
+    Pieces whose query blocks are not runs of tokens run first: they then only write
+    the state of their rows, which the pieces in natural order read back
+    sequentially. Key rows are used in place where a piece's key blocks are runs of
+    consecutive tokens; otherwise each work item (about ``_LOCAL_ROWS`` queries, so
+    that its copies read runs of rows: 16 rows per run for a stride-128 head's order)
+    copies the rows it needs (``span`` > 0: the key blocks one item spans) or, if
+    that would copy much more than it uses, ``reorder`` says how the used key blocks
+    are put in the piece's order once per call: ``(s, rows)``, ``s`` > 0 for a
+    ``residue(s)`` order, else ``kperm`` row by row."""
+    n, nb, block = plan.n, plan.nb, plan.block
+    tile_ptr, tile_col, kperm = plan.tile_ptr, plan.tile_col, plan.kperm
+    groups = [int(g) for g in plan.piece_group]
+    residue = _residues(plan)
+    kstart, kstep = _block_steps(kperm, block)
+    qs = _block_steps(plan.qperm, block)[1]
+    order = sorted(range(len(groups)), key=lambda p: bool((qs[p] == 1).all()))
+    steps = []
+    for p in order:
+        same = [x for x in order if groups[x] == groups[p]]
+        cols = tile_col[tile_ptr[p * nb]: tile_ptr[(p + 1) * nb]]
+        used = int(cols.max()) + 1 if cols.size else 0
+        ks, kt, kperm_used = kstep[p], kstart[p], kperm[p]
+        span, items, reorder = 0, seg, None
+        if (ks[:used] != 1).any():
+            items = max(seg, -(-_LOCAL_ROWS // block))
+            span = _item_span(tile_ptr[p * nb: (p + 1) * nb + 1], tile_col, items)
+            if span > 2 * items:  # a work item would copy more than it reuses
+                span, items = 0, seg
+                reorder = (int(residue[p]), min(n, used * block))
+                kt = np.arange(nb, dtype=np.int64) * block
+                ks = np.ones(nb, dtype=np.int64)
+                kperm_used = np.arange(n, dtype=kperm.dtype)
+        steps.append((p, p == same[0], p == same[-1], span, items, reorder,
+                      np.ascontiguousarray(kt), np.ascontiguousarray(ks), kperm_used,
+                      _inverse(plan.qperm[p]), _inverse(kperm_used)))
+    return steps
+
+
+def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
     """``q1, k1, v1, o1``: flattened ``(B*H*n*d,)``; ``m1``: ``(B*H*n,)`` (becomes the
     log-sum-exp); head ``h`` uses group ``h % G``. The pieces of a group continue one
-    online softmax per token. Key rows are used in place where a piece's key blocks
-    are runs of consecutive tokens; otherwise each work item copies the rows it needs
-    or, if that would copy much more than it uses, the used key blocks are first put
-    in the piece's order (one buffer pair reused by the pieces)."""
+    online softmax per token, in the order of :func:`_forward_steps`."""
     ensure_blas()
-    n = m1.shape[0] // BH
-    nb = -(-n // block)
-    groups = [int(g) for g in piece_group]
+    n, G, block = plan.n, plan.num_groups, plan.block
+    groups = [int(g) for g in plan.piece_group]
     if len(set(groups)) < G:  # a group without pieces: its rows have no keys
         H_ = np.arange(BH) % H % G
         empty = ~np.isin(H_, groups)
         o1.reshape(BH, -1)[empty] = 0.0
         m1.reshape(BH, -1)[empty] = -np.inf
     l1 = np.empty_like(m1)
-    kstart, kstep = _block_steps(kperm, block)
     kp1 = vp1 = None
-    # pieces whose query blocks are not runs of tokens first: they then only write the
-    # state of their rows, which the pieces in natural order read back sequentially
-    qs = _block_steps(qperm, block)[1]
-    order = sorted(range(len(groups)), key=lambda p: bool((qs[p] == 1).all()))
-    for p in order:
-        same = [x for x in order if groups[x] == groups[p]]
-        first, last = p == same[0], p == same[-1]
-        cols = tile_col[tile_ptr[p * nb]: tile_ptr[(p + 1) * nb]]
-        used = int(cols.max()) + 1 if cols.size else 0
-        ks, kt = kstep[p], kstart[p]
-        kq, vq, kperm_used = k1, v1, kperm[p]
-        span, sp = 0, seg
-        if (ks[:used] != 1).any():
-            # copies per work item: items of about _LOCAL_ROWS queries, so that the
-            # copies read runs of rows (16 rows per run for a stride-128 head's order)
-            sp = max(seg, -(-_LOCAL_ROWS // block))
-            span = _item_span(tile_ptr[p * nb: (p + 1) * nb + 1], tile_col, sp)
-            if span > 2 * sp:  # a work item would copy more than it reuses: reorder once
-                span, sp = 0, seg
-                rows = min(n, used * block)
-                if kp1 is None:
-                    kp1, vp1 = np.empty_like(k1), np.empty_like(v1)
-                s = residue[p]
-                if s > 0:
-                    _permute_residue(k1, s, BH, n, d, kp1)
-                    _permute_residue(v1, s, BH, n, d, vp1)
-                else:
-                    _permute_rows(k1, kperm, p, BH, rows, d, kp1)
-                    _permute_rows(v1, kperm, p, BH, rows, d, vp1)
-                kq, vq = kp1, vp1
-                kt = np.arange(nb, dtype=np.int64) * block
-                ks = np.ones(nb, dtype=np.int64)
-                kperm_used = np.arange(n, dtype=kperm.dtype)
+    for (p, first, last, span, items, reorder, kt, ks, kperm_used, qpos,
+         kpos) in plan.memo(("cpu.forward", seg), lambda: _forward_steps(plan, seg)):
+        kq, vq = k1, v1
+        if reorder is not None:  # the used key blocks put in the piece's order
+            if kp1 is None:  # one buffer pair reused by the pieces
+                kp1, vp1 = np.empty_like(k1), np.empty_like(v1)
+            s, rows = reorder
+            if s > 0:
+                _permute_residue(k1, s, BH, n, d, kp1)
+                _permute_residue(v1, s, BH, n, d, vp1)
+            else:
+                _permute_rows(k1, plan.kperm, p, BH, rows, d, kp1)
+                _permute_rows(v1, plan.kperm, p, BH, rows, d, vp1)
+            kq, vq = kp1, vp1
         _forward_piece(q1, kq, vq, o1, m1, l1, BH, H, d, scale, G, groups[p], p, first, last,
-                       qperm, _inverse(qperm[p]), kperm_used, _inverse(kperm_used), kt, ks,
-                       span, tile_ptr, tile_col, tile_mask, masks, block, chunk, sp, precise,
+                       plan.qperm, qpos, kperm_used, kpos, kt, ks, span, plan.tile_ptr,
+                       plan.tile_col, plan.tile_mask, plan.masks, block, chunk, items, precise,
                        numba.get_num_threads())
 
 
@@ -952,10 +970,8 @@ def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,
     lse = np.empty(q.shape[:3], dtype=q.dtype)
     with single_threaded_blas(), _threads_for(plan.flops(B, H, d)[1]):
         _forward(q.reshape(-1), k.reshape(-1), v.reshape(-1), out.reshape(-1), lse.reshape(-1),
-                 B * H, H, d, q.dtype.type(scale), plan.num_groups, plan.piece_group,
-                 _residues(plan), plan.qperm,
-                 plan.kperm, plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks,
-                 plan.block, int(chunk), int(seg), q.dtype == np.float64)
+                 B * H, H, d, q.dtype.type(scale), plan, int(chunk), int(seg),
+                 q.dtype == np.float64)
     return out, lse
 
 

@@ -17,6 +17,7 @@ structure.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import numba
@@ -338,7 +339,7 @@ class ExecutionPlan:
     __slots__ = (
         "_n", "_block", "_mode", "_G", "piece_group", "piece_kind", "qperm", "kperm",
         "tile_ptr", "tile_col", "tile_mask", "masks", "useful_pairs", "computed_pairs",
-        "_cols",
+        "_cols", "_memo",
     )
 
     def __init__(self, *, n, block, mode, num_groups, piece_group, piece_kind, qperm, kperm,
@@ -355,9 +356,10 @@ class ExecutionPlan:
         self.useful_pairs = _freeze(np.asarray(useful_pairs, dtype=np.int64))
         self.computed_pairs = _freeze(np.asarray(computed_pairs, dtype=np.int64))
         self._cols = None
+        self._memo = {}
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name != "_cols" and hasattr(self, name) and name in ExecutionPlan.__slots__:
+        if name not in ("_cols", "_memo") and hasattr(self, name) and name in ExecutionPlan.__slots__:
             raise AttributeError(f"ExecutionPlan is immutable: cannot set {name!r}")
         object.__setattr__(self, name, value)
 
@@ -507,6 +509,21 @@ class ExecutionPlan:
         return np.tile(np.arange(nb, dtype=np.int64), self.num_pieces).repeat(
             np.diff(self.tile_ptr)
         ) if self.num_pieces else np.empty(0, np.int64)
+
+    def memo(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """``build()``, computed once per plan and ``key``: what a kernel derives from
+        the plan alone (block steps, inverse permutations, work-item sizes).
+
+        Examples
+        --------
+        >>> import sparse_patterns as sps
+        >>> pl = sps.plan(sps.make("local", 8, window=2), block=4)
+        >>> pl.memo("x", lambda: [1]) is pl.memo("x", lambda: [2])
+        True
+        """
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
 
     def describe(self) -> dict[str, Any]:
         """A JSON-friendly summary (pieces, tiles, FLOP ratio)."""
