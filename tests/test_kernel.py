@@ -182,6 +182,22 @@ def test_backward_matches_dense_reference(mode, dtype, name, n, params, block):
         np.testing.assert_allclose(g, w, **TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_backward_key_tiles_transposed_in_registers(dtype):
+    """Key blocks of 16 rows with ``d`` = 32 take the vector transpose for ``K^T`` and
+    ``V^T`` (the last block, of 8 rows, the scalar loop); a residue order gathers them."""
+    pat = sps.make("strided", 72, stride=12)
+    q, k, v = qkv((1, 2, 72, 32), dtype)
+    do = qkv((1, 2, 72, 32), dtype, seed=1)[0]
+    for mode in ("multihead", "merged"):
+        out, lse = attention(q, k, v, pat, mode=mode, return_lse=True, block=16)
+        got = attention_backward(q, k, v, out, lse, do, pat, mode=mode, block=16)
+        want = reference_backward(q, k, v, out, lse, do, pat, plan(pat, mode=mode, block=16),
+                                  scale=1 / np.sqrt(32))
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, **TOL[dtype])
+
+
 def test_backward_by_finite_differences():
     pat = sps.make("fixed", 12, stride=4, c=1)
     q, k, v = qkv((1, 2, 12, 3))

@@ -174,7 +174,7 @@ def _exp2f(x):  # pragma: no cover - compiled
     ``-inf`` (and anything below ``-126``) gives 0; NaN stays NaN."""
     G = np.float32
     xc = x if x > G(-126.0) else G(-126.0)
-    nf = np.floor(xc + G(0.5))
+    nf = np.rint(xc)
     r = xc - nf
     y = ((((((G(1.535336188319500e-4) * r + G(1.339887440266574e-3)) * r
              + G(9.618437357674640e-3)) * r + G(5.550332471162809e-2)) * r
@@ -733,9 +733,18 @@ def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, J, scale, qperm,
     for x in range(cols):
         src = base + kperm[p, J * block + x]
         _copy(kv, x * d, k2, src * d, d)
-        for c in range(d):
-            kt[c * cols + x] = k2[src, c]
-            vt[c * cols + x] = v2[src, c]
+        rowsrc[x] = src * d  # (row offsets for the transposes; rowsrc is reused below)
+    if cols % 16 == 0 and d % 16 == 0:
+        for x0 in range(0, cols, 16):
+            for c0 in range(0, d, 16):
+                _transpose16(k2, rowsrc, x0, c0, kt, c0 * cols + x0, cols)
+                _transpose16(v2, rowsrc, x0, c0, vt, c0 * cols + x0, cols)
+    else:
+        for x in range(cols):
+            src = base + kperm[p, J * block + x]
+            for c in range(d):
+                kt[c * cols + x] = k2[src, c]
+                vt[c * cols + x] = v2[src, c]
     _zero(dkacc, 0, cols * d)
     _zero(dvacc, 0, cols * d)
     for a0 in range(u0, u1, chunk):
