@@ -247,6 +247,23 @@ def test_nan_and_inf_propagate_without_crashing():
     assert out.shape == q.shape
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("block", [8, 32])
+def test_nan_key_poisons_only_the_rows_that_attend_it(block, dtype):
+    """A NaN key makes NaN exactly the rows whose pattern holds it: masking comes
+    before the running max (a masked NaN score must not reach the softmax), also in
+    the fused 32-token float32 score pass."""
+    pat = sps.make("strided", 64, stride=8)
+    masks = attention_masks(pat, "merged", 1)[0]
+    q, k, v = qkv((1, 1, 64, 16), dtype)
+    k[0, 0, 10, 3] = np.nan
+    out = attention(q, k, v, pat, mode="merged", block=block)
+    hit = masks[:, 10]
+    assert np.isnan(out[0, 0, hit]).all()
+    ref, _ = attention_oracle(q, k, v, masks[None])
+    np.testing.assert_allclose(out[0, 0, ~hit], ref[0, 0, ~hit], **TOL[dtype])
+
+
 def test_injected_wrong_kernel_is_caught():
     pat = sps.make("strided", 24, stride=4)
 

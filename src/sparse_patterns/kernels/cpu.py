@@ -192,8 +192,6 @@ def _softmax_cols(st, nk, rows, mrow, cmax, msub, csum, precise):  # pragma: no 
     natural units and ``math.exp``; otherwise the scores are in base-2 units
     (scaled by ``log2 e``) and the exponential is :func:`_exp2f`."""
     _wide()
-    F = st.dtype.type
-    ninf = F(-np.inf)
     for r in range(rows):
         cmax[r] = mrow[r]
     for j in range(nk):
@@ -201,6 +199,17 @@ def _softmax_cols(st, nk, rows, mrow, cmax, msub, csum, precise):  # pragma: no 
             x = st[j, r]
             m = cmax[r]
             cmax[r] = x if (x > m or x != x) else m
+    _exp_cols(st, nk, rows, cmax, msub, csum, precise)
+
+
+@numba.njit(cache=True, fastmath=_FM)
+def _exp_cols(st, nk, rows, cmax, msub, csum, precise):  # pragma: no cover - compiled
+    """Second half of :func:`_softmax_cols`, given the column maxima ``cmax``:
+    ``st = exp(st - cmax)`` (0 for a column whose max is ``-inf``), ``csum`` = the
+    column sums."""
+    _wide()
+    F = st.dtype.type
+    ninf = F(-np.inf)
     for r in range(rows):
         msub[r] = cmax[r] if cmax[r] != ninf else F(0.0)
         csum[r] = F(0.0)
@@ -309,6 +318,91 @@ def _transpose16(typingctx, src, roff, i0, c0, dst, doff, dld):  # pragma: no co
     return types.none(src, roff, i0, c0, dst, doff, dld), codegen
 
 
+def _splat(builder, x, vt):
+    v = builder.insert_element(ir.Constant(vt, ir.Undefined), x, ir.IntType(32)(0))
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), vt.count),
+                                                    [0] * vt.count))
+
+
+_KEYS = 8  # keys per register block of _scores32 (16 vector accumulators)
+
+
+@intrinsic
+def _scores32(typingctx, k, koff, qt, st, ntile, d, alpha, tmask, t0, maskt,
+              cmax):  # pragma: no cover - compiled
+    """Masked, transposed scores of 32 queries against ``ntile`` tiles of 32 keys, and
+    their running column max, in one register-blocked pass (what the score ``gemm``,
+    the masking and the max pass of :func:`_softmax_cols` do in three).
+
+    ``st[j*32 + r] = alpha * sum_c k[koff + j*d + c] * qt[c*32 + r]`` (``qt``: ``Q^T``,
+    ``d x 32``), accumulated for 8 keys x 32 queries in 16 vector registers; ``-inf``
+    where tile ``t``'s transposed mask (bit ``r`` of ``maskt[tmask[t0 + t]*32 + key]``)
+    is unset, ``tmask < 0`` meaning a full tile; ``cmax[r]`` = max of itself and
+    column ``r`` (NaN if the column has one, as in :func:`_softmax_cols`).
+    """
+    def codegen(context, builder, signature, args):
+        k_, koff_, qt_, st_, nt_, d_, alpha_, tm_, t0_, mt_, cm_ = args
+
+        def data(i, v):
+            return context.make_array(signature.args[i])(context, builder, v).data
+
+        kp, qp, sp, tp, mp, cp = (data(0, k_), data(2, qt_), data(3, st_), data(7, tm_),
+                                  data(9, mt_), data(10, cm_))
+        et = context.get_value_type(signature.args[3].dtype)
+        vt = ir.VectorType(et, 16)
+        vp = vt.as_pointer()
+        i64 = ir.IntType(64)
+        name = "llvm.fma.v16f32" if isinstance(et, ir.FloatType) else "llvm.fma.v16f64"
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt] * 3), name)
+        ninf = ir.Constant(vt, [float("-inf")] * 16)
+        av = _splat(builder, builder.fptrunc(alpha_, et) if alpha_.type != et else alpha_, vt)
+
+        def vec(ptr, off):
+            return builder.bitcast(builder.gep(ptr, [off]), vp)
+
+        cm = [cgutils.alloca_once(builder, vt) for h in range(2)]
+        for h in range(2):
+            builder.store(builder.load(vec(cp, i64(16 * h)), align=4), cm[h])
+        acc = [[cgutils.alloca_once(builder, vt) for h in range(2)] for jj in range(_KEYS)]
+        with cgutils.for_range(builder, nt_) as tl:
+            t = tl.index
+            mi = builder.sext(builder.load(builder.gep(tp, [builder.add(t0_, t)])), i64)
+            full = builder.icmp_signed("<", mi, i64(0))
+            mbase = builder.select(full, i64(0), builder.mul(mi, i64(32)))
+            for g in range(32 // _KEYS):
+                jb = builder.add(builder.mul(t, i64(32)), i64(g * _KEYS))
+                for jj in range(_KEYS):
+                    for h in range(2):
+                        builder.store(ir.Constant(vt, [0.0] * 16), acc[jj][h])
+                with cgutils.for_range(builder, d_) as cl:
+                    qrow = builder.mul(cl.index, i64(32))
+                    q = [builder.load(vec(qp, builder.add(qrow, i64(16 * h))), align=4)
+                         for h in range(2)]
+                    for jj in range(_KEYS):
+                        row = builder.mul(builder.add(jb, i64(jj)), d_)
+                        kv = builder.load(builder.gep(kp, [builder.add(koff_, builder.add(row, cl.index))]))
+                        kv = _splat(builder, kv, vt)
+                        for h in range(2):
+                            builder.store(builder.call(fma, [kv, q[h], builder.load(acc[jj][h])]),
+                                          acc[jj][h])
+                for jj in range(_KEYS):
+                    w = builder.load(builder.gep(mp, [builder.add(mbase, i64(g * _KEYS + jj))]))
+                    w = builder.select(full, ir.Constant(w.type, -1), w)
+                    row = builder.mul(builder.add(jb, i64(jj)), i64(32))
+                    for h in range(2):
+                        s = builder.fmul(builder.load(acc[jj][h]), av)
+                        bits = builder.trunc(builder.lshr(w, ir.Constant(w.type, 16 * h)), ir.IntType(16))
+                        s = builder.select(builder.bitcast(bits, ir.VectorType(ir.IntType(1), 16)), s, ninf)
+                        m = builder.load(cm[h])
+                        take = builder.or_(builder.fcmp_ordered(">", s, m), builder.fcmp_unordered("uno", s, s))
+                        builder.store(builder.select(take, s, m), cm[h])
+                        builder.store(s, vec(sp, builder.add(row, i64(16 * h))), align=4)
+        for h in range(2):
+            builder.store(builder.load(cm[h]), vec(cp, i64(16 * h)), align=4)
+        return context.get_dummy_value()
+    return types.none(k, koff, qt, st, ntile, d, alpha, tmask, t0, maskt, cmax), codegen
+
+
 @numba.njit(cache=True)
 def _block_steps(perm, block):  # pragma: no cover - compiled
     """``(start, step)`` int64 ``(P, nb)``: block ``J`` of piece ``p`` is the tokens
@@ -348,8 +442,8 @@ def _exp_rows(x, rows, precise):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, fastmath=_FM)
 def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last, qmap, kperm_used,
-            kstart, kstep, tile_ptr, tile_col, tile_mask, masks, block, chunk, precise, qbuf,
-            kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff):  # pragma: no cover - compiled
+            kstart, kstep, tile_ptr, tile_col, tile_mask, masks, maskt, fused, block, chunk, precise,
+            qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff):  # pragma: no cover - compiled
     """Query block ``I`` of piece ``p`` for one (batch, head): continues the online
     softmax of its queries over chunks of tiles. Position ``x`` of the piece's order
     is row ``base + qmap[x]`` of ``q1`` and of the state, and its key and value row
@@ -412,15 +506,21 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last,
                 nk += cols
             ka, va, koff = kbuf, vbuf, 0
         # scores, transposed: st (nk keys x rows queries, row-major) = scale K Q^T
-        _gemm(_N, _N, rows, nk, d, scale * unit, qbuf, 0, rows, ka, koff, d, 0.0, sbuf, 0, rows)
         st = sbuf[: nk * rows].reshape((nk, rows))
-        off = 0
-        for t in range(c0, c1):
-            cols = min(block, n - tile_col[t] * block)
-            if tile_mask[t] >= 0:
-                _mask_tile_t(st, off, cols, rows, masks, tile_mask[t])
-            off += cols
-        _softmax_cols(st, nk, rows, mrow, cmax, msub, csum, precise)
+        if fused and rows == 32 and nk == 32 * (c1 - c0):  # whole 32 x 32 float32 tiles
+            for r in range(rows):
+                cmax[r] = mrow[r]
+            _scores32(ka, koff, qbuf, sbuf, c1 - c0, d, scale * unit, tile_mask, c0, maskt, cmax)
+            _exp_cols(st, nk, rows, cmax, msub, csum, precise)
+        else:
+            _gemm(_N, _N, rows, nk, d, scale * unit, qbuf, 0, rows, ka, koff, d, 0.0, sbuf, 0, rows)
+            off = 0
+            for t in range(c0, c1):
+                cols = min(block, n - tile_col[t] * block)
+                if tile_mask[t] >= 0:
+                    _mask_tile_t(st, off, cols, rows, masks, tile_mask[t])
+                off += cols
+            _softmax_cols(st, nk, rows, mrow, cmax, msub, csum, precise)
         for r in range(rows):  # alpha = exp(old max - new max); 1 where nothing changes
             alpha[r] = mrow[r] - cmax[r] if cmax[r] != ninf else 0.0
         _exp_rows(alpha, rows, precise)
@@ -512,7 +612,7 @@ def _token_range(perm, x0, x1):  # pragma: no cover - compiled
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
 def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last, qperm,
                    qpos, kperm_used, kpos, kstart, kstep, span, tile_ptr, tile_col, tile_mask, masks,
-                   block, chunk, seg, precise, T):  # pragma: no cover - compiled
+                   maskt, fused, block, chunk, seg, precise, T):  # pragma: no cover - compiled
     """Piece ``p`` (softmax group ``g``) of every (batch, head) whose group is ``g``.
 
     ``span > 0``: the key blocks of a work item's tiles lie within ``span``
@@ -589,6 +689,7 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last
             for I in range(I0, I1):
                 _qblock(ql, kl, vl, ol, ml, ll, -y0, -x0, n, d, p, I, scale, first, last,
                         local, local, lstart, lstep, tile_ptr, tile_col, tile_mask, masks,
+                        maskt, fused,
                         block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
                         msub, csum, alpha, wi[tid])
             for j in range(qlo, qhi + 1):
@@ -602,6 +703,7 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last
             for I in range(I0, I1):
                 _qblock(q1, k1, v1, o1, m1, l1, base, base, n, d, p, I, scale, first, last,
                         qperm[p], kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks,
+                        maskt, fused,
                         block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
                         msub, csum, alpha, wi[tid])
 
@@ -672,6 +774,18 @@ def _forward_steps(plan, seg: int) -> list[tuple]:
     return steps
 
 
+_NO_MASKS = np.zeros(0, np.uint32)
+
+
+def _masks_t(plan) -> np.ndarray:
+    """``uint32 (M * 32,)``: the partial-tile masks of a 32-token plan transposed, the
+    query bits of key ``c`` of mask ``m`` in word ``m * 32 + c`` (what :func:`_scores32`
+    selects with)."""
+    bits = np.unpackbits(plan.masks.view(np.uint8), axis=-1, bitorder="little")[..., :32]
+    words = np.packbits(bits.transpose(0, 2, 1), axis=-1, bitorder="little")  # (M, key, 4)
+    return np.ascontiguousarray(words).view("<u4").reshape(-1).astype(np.uint32)
+
+
 def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
     """``q1, k1, v1, o1``: flattened ``(B*H*n*d,)``; ``m1``: ``(B*H*n,)`` (becomes the
     log-sum-exp); head ``h`` uses group ``h % G``. The pieces of a group continue one
@@ -686,6 +800,9 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
         m1.reshape(BH, -1)[empty] = -np.inf
     l1 = np.empty_like(m1)
     kp1 = vp1 = None
+    # 32-token float32 tiles: scores, masks and column max in one pass (_scores32)
+    fused = block == 32 and not precise
+    maskt = plan.memo("cpu.masks_t", lambda: _masks_t(plan)) if fused else _NO_MASKS
     for (p, first, last, span, items, reorder, kt, ks, kperm_used, qpos,
          kpos) in plan.memo(("cpu.forward", seg), lambda: _forward_steps(plan, seg)):
         kq, vq = k1, v1
@@ -702,8 +819,8 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
             kq, vq = kp1, vp1
         _forward_piece(q1, kq, vq, o1, m1, l1, BH, H, d, scale, G, groups[p], p, first, last,
                        plan.qperm, qpos, kperm_used, kpos, kt, ks, span, plan.tile_ptr,
-                       plan.tile_col, plan.tile_mask, plan.masks, block, chunk, items, precise,
-                       numba.get_num_threads())
+                       plan.tile_col, plan.tile_mask, plan.masks, maskt, fused, block, chunk,
+                       items, precise, numba.get_num_threads())
 
 
 # --------------------------------------------------------------------- backward
