@@ -20,7 +20,7 @@ a chunk of the block's tiles, accumulates ``dk`` and ``dv`` in tile buffers (BLA
 with ``beta = 1``) and adds ``dq`` into its rows (each thread owns whole heads: no
 write conflicts).
 
-Three details decide the speed on a CPU without SVML:
+What decides the speed on a CPU without SVML (each measured, A/B in one process):
 
 * the exponential: ``math.exp`` inside a loop is scalar, so the float32 forward
   scales its scores by ``log2 e`` (in the score product) and uses Cephes'
@@ -36,7 +36,19 @@ Three details decide the speed on a CPU without SVML:
   score product was 1.5x slower; rows 32 KB apart, as a stride-128 head's keys
   are in natural order, 2-3x slower: hence the copies above), with the BLAS
   library held to one thread while the kernel runs, since every kernel thread
-  calls it.
+  calls it;
+* for 32-token float32 tiles the score product, the masks and the running column
+  max are one register-blocked pass (:func:`_scores32`, written in LLVM IR:
+  8 keys x 32 queries in 16 vector registers, a partial tile's mask applied as
+  vector lane masks from transposed query bits), as fast as the BLAS call alone;
+* moving rows: tiles are transposed 16 x 16 in vector registers
+  (:func:`_transpose16`, 6x faster than a scalar loop), rows are copied with
+  ``memcpy`` (:func:`_copy`; numba's slice assignment of a 256-byte row is about
+  15x slower), and the hot loops ask LLVM for 512-bit vectors (:func:`_wide`),
+  which its tuning for AVX-512 CPUs otherwise avoids;
+* what the forward derives from the plan alone (piece order, block steps, inverse
+  permutations, transposed masks) is computed once per plan
+  (:meth:`ExecutionPlan.memo`).
 """
 
 from __future__ import annotations
