@@ -839,7 +839,8 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
 @numba.njit(cache=True, fastmath=_FM)
 def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, J, scale, qperm, kperm,
             col_ptr, col_tile, tile_row, tile_mask, masks, block, chunk, precise, kc, vc, qc, doc, lc,
-            dc, sbuf, dpbuf, dkacc, dvacc, dqc, rowsrc):  # pragma: no cover - compiled
+            dc, sbuf, dpbuf, dkacc, dvacc, dqc, rowsrc, qstart, qstep, qf, dof,
+            dqf):  # pragma: no cover - compiled
     """Key block ``J`` of piece ``p`` for one (batch, head): dk, dv of its keys and the
     dq contributions of every query row of its tiles, from the saved log-sum-exp.
 
@@ -878,6 +879,15 @@ def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, J, scale, qperm,
     _zero(dvacc, 0, cols * d)
     for a0 in range(u0, u1, chunk):
         a1 = min(u1, a0 + chunk)
+        # the chunk's query rows: used in place when its query blocks are one run of
+        # consecutive tokens (a natural-order piece), else gathered
+        I0 = tile_row[col_tile[a0]]
+        run = qstep[p, I0] == 1
+        for a in range(a0 + 1, a1):
+            I = tile_row[col_tile[a]]
+            if (I != I0 + (a - a0) or qstep[p, I] != 1
+                    or qstart[p, I] != qstart[p, I0] + (I - I0) * block):
+                run = False
         m = 0
         for a in range(a0, a1):
             I = tile_row[col_tile[a]]
@@ -885,13 +895,18 @@ def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, J, scale, qperm,
             for r in range(rows):
                 src = base + qperm[p, I * block + r]
                 rowsrc[m + r] = src
-                _copy(qc, (m + r) * d, q2, src * d, d)
-                _copy(doc, (m + r) * d, do2, src * d, d)
+                if not run:
+                    _copy(qc, (m + r) * d, q2, src * d, d)
+                    _copy(doc, (m + r) * d, do2, src * d, d)
                 lc[m + r] = l1[src] * unit
                 dc[m + r] = delta[src - base]
             m += rows
+        if run:
+            qa, doa, qoff = qf, dof, (base + qstart[p, I0]) * d
+        else:
+            qa, doa, qoff = qc, doc, 0
         # s (m x cols) = scale Q K^T, in base-2 units for float32
-        _gemm(_N, _N, cols, m, d, scale * unit, kt, 0, cols, qc, 0, d, 0.0, sbuf, 0, cols)
+        _gemm(_N, _N, cols, m, d, scale * unit, kt, 0, cols, qa, qoff, d, 0.0, sbuf, 0, cols)
         s = sbuf[: m * cols].reshape((m, cols))
         off = 0
         for a in range(a0, a1):
@@ -913,21 +928,24 @@ def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, J, scale, qperm,
                 for c in range(cols):
                     s[r, c] = _exp2f(np.float32(s[r, c] - lr))
         # s now holds P: dv += P^T dO (cols x d)
-        _gemm(_N, _T, d, cols, m, 1.0, doc, 0, d, sbuf, 0, cols, 1.0, dvacc, 0, d)
+        _gemm(_N, _T, d, cols, m, 1.0, doa, qoff, d, sbuf, 0, cols, 1.0, dvacc, 0, d)
         # dP (m x cols) = dO V^T; dS = P (dP - delta)
-        _gemm(_N, _N, cols, m, d, 1.0, vt, 0, cols, doc, 0, d, 0.0, dpbuf, 0, cols)
+        _gemm(_N, _N, cols, m, d, 1.0, vt, 0, cols, doa, qoff, d, 0.0, dpbuf, 0, cols)
         dp = dpbuf[: m * cols].reshape((m, cols))
         for r in range(m):
             dr = dc[r]
             for c in range(cols):
                 s[r, c] = s[r, c] * (dp[r, c] - dr)
         # dk += scale dS^T Q (cols x d); dq += scale dS K (m x d)
-        _gemm(_N, _T, d, cols, m, scale, qc, 0, d, sbuf, 0, cols, 1.0, dkacc, 0, d)
-        _gemm(_N, _N, d, m, cols, scale, kv, 0, d, sbuf, 0, cols, 0.0, dqc, 0, d)
-        for r in range(m):
-            dst = rowsrc[r]
-            for c in range(d):
-                dq[dst, c] += dqc[r * d + c]
+        _gemm(_N, _T, d, cols, m, scale, qa, qoff, d, sbuf, 0, cols, 1.0, dkacc, 0, d)
+        if run:  # dq rows in place too: accumulated by the gemm (beta = 1)
+            _gemm(_N, _N, d, m, cols, scale, kv, 0, d, sbuf, 0, cols, 1.0, dqf, qoff, d)
+        else:
+            _gemm(_N, _N, d, m, cols, scale, kv, 0, d, sbuf, 0, cols, 0.0, dqc, 0, d)
+            for r in range(m):
+                dst = rowsrc[r]
+                for c in range(d):
+                    dq[dst, c] += dqc[r * d + c]
     for x in range(cols):
         dst = base + kperm[p, J * block + x]
         for c in range(d):
@@ -937,10 +955,11 @@ def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, J, scale, qperm,
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
 def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group, qperm, kperm,
-              col_ptr, col_tile, tile_row, tile_mask, masks, block, chunk,
-              precise):  # pragma: no cover - compiled
+              col_ptr, col_tile, tile_row, tile_mask, masks, block, chunk, precise,
+              qstart, qstep):  # pragma: no cover - compiled
     _wide()
     d = q2.shape[1]
+    qf, dof, dqf = q2.reshape(q2.size), do2.reshape(do2.size), dq.reshape(dq.size)
     n = q2.shape[0] // BH
     nb = (n + block - 1) // block
     P = piece_group.size
@@ -977,7 +996,7 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                 _kblock(q2, k2, v2, do2, l1, dl, dq, dk, dv, base, n, p, J, scale, qperm,
                         kperm, col_ptr, col_tile, tile_row, tile_mask, masks, block, chunk,
                         precise, kc, vc, qc, doc, lc, dc, sbuf, dpbuf, dkacc, dvacc, dqc,
-                        rowsrc)
+                        rowsrc, qstart, qstep, qf, dof, dqf)
 
 
 # --------------------------------------------------------------------- BLAS threads
@@ -1139,5 +1158,6 @@ def backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np
                   _flat(dq), _flat(dk), _flat(dv), B * H, H, q.dtype.type(scale),
                   plan.num_groups, plan.piece_group, plan.qperm, plan.kperm, col_ptr,
                   col_tile, tile_row, plan.tile_mask, plan.masks, plan.block, int(chunk),
-                  q.dtype == np.float64)
+                  q.dtype == np.float64,
+                  *plan.memo("cpu.qsteps", lambda: _block_steps(plan.qperm, plan.block)))
     return dq, dk, dv
