@@ -94,11 +94,14 @@ def test_key_orders_copied_per_work_item_or_once(mode, name, n, params, block, r
         ("strided", 200, {"stride": 16}, 32, 16),  # residue order: query rows gathered
         ("strided", 150, {"stride": 10}, 16, 48),  # n a multiple of neither
         ("fixed", 160, {"stride": 32, "c": 4}, 32, 32),
+        ("strided", 200, {"stride": 16}, 32, 64),
+        ("fixed", 96, {"stride": 32, "c": 4}, 32, 128),
     ],
 )
 def test_query_tiles_transposed_in_registers(name, n, params, block, d):
     """Query blocks of 16 or 32 rows with ``d`` a multiple of 16 take the vector
-    transpose (:func:`_transpose16`); the last, partial block the scalar loop."""
+    transpose (:func:`_transpose16`); the last, partial block the scalar loop. With
+    32-token float32 tiles the scores are one register-blocked pass (:func:`_scores32`)."""
     pat = sps.make(name, n, **params)
     for mode in ("multihead", "merged"):
         for dtype in (np.float64, np.float32):
@@ -255,7 +258,7 @@ def test_nan_key_poisons_only_the_rows_that_attend_it(block, dtype):
     the fused 32-token float32 score pass."""
     pat = sps.make("strided", 64, stride=8)
     masks = attention_masks(pat, "merged", 1)[0]
-    q, k, v = qkv((1, 1, 64, 16), dtype)
+    q, k, v = qkv((1, 1, 64, 64), dtype)
     k[0, 0, 10, 3] = np.nan
     out = attention(q, k, v, pat, mode="merged", block=block)
     hit = masks[:, 10]
