@@ -96,6 +96,7 @@ def test_key_orders_copied_per_work_item_or_once(mode, name, n, params, block, r
         ("fixed", 160, {"stride": 32, "c": 4}, 32, 32),
         ("strided", 200, {"stride": 16}, 32, 64),
         ("fixed", 96, {"stride": 32, "c": 4}, 32, 128),
+        ("full", 64, {"causal": False}, 32, 64),  # full tiles only: no masks at all
     ],
 )
 def test_query_tiles_transposed_in_registers(name, n, params, block, d):

@@ -790,12 +790,14 @@ _NO_MASKS = np.zeros(0, np.uint32)
 
 
 def _masks_t(plan) -> np.ndarray:
-    """``uint32 (M * 32,)``: the partial-tile masks of a 32-token plan transposed, the
-    query bits of key ``c`` of mask ``m`` in word ``m * 32 + c`` (what :func:`_scores32`
-    selects with)."""
+    """``uint32 (M * 32 + 32,)``: the partial-tile masks of a 32-token plan transposed,
+    the query bits of key ``c`` of mask ``m`` in word ``m * 32 + c`` (what
+    :func:`_scores32` selects with), then 32 all-ones words."""
     bits = np.unpackbits(plan.masks.view(np.uint8), axis=-1, bitorder="little")[..., :32]
     words = np.packbits(bits.transpose(0, 2, 1), axis=-1, bitorder="little")  # (M, key, 4)
-    return np.ascontiguousarray(words).view("<u4").reshape(-1).astype(np.uint32)
+    words = np.ascontiguousarray(words).view("<u4").reshape(-1).astype(np.uint32)
+    # _scores32 reads 32 words (then ignores them) for a full tile: never an empty array
+    return np.concatenate([words, np.full(32, 0xFFFFFFFF, np.uint32)])
 
 
 def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
