@@ -72,7 +72,6 @@ __all__ = ["forward", "backward", "single_threaded_blas"]
 _LOG2E = 1.4426950408889634
 _CHUNK = 8  # tiles gathered per step (keys per score matrix: _CHUNK * block)
 _FM = {"contract"}  # FMA contraction only: NaN and inf keep their IEEE meaning
-_FM_RED = {"contract", "reassoc"}  # plain sums may be reordered (vectorized)
 
 
 # --------------------------------------------------------------------- vector width
