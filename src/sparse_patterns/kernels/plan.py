@@ -339,7 +339,7 @@ class ExecutionPlan:
     __slots__ = (
         "_n", "_block", "_mode", "_G", "piece_group", "piece_kind", "qperm", "kperm",
         "tile_ptr", "tile_col", "tile_mask", "masks", "useful_pairs", "computed_pairs",
-        "_cols", "_memo",
+        "_memo",
     )
 
     def __init__(self, *, n, block, mode, num_groups, piece_group, piece_kind, qperm, kperm,
@@ -355,11 +355,10 @@ class ExecutionPlan:
         self.masks = _freeze(np.asarray(masks, dtype=np.uint64))
         self.useful_pairs = _freeze(np.asarray(useful_pairs, dtype=np.int64))
         self.computed_pairs = _freeze(np.asarray(computed_pairs, dtype=np.int64))
-        self._cols = None
         self._memo = {}
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name not in ("_cols", "_memo") and hasattr(self, name) and name in ExecutionPlan.__slots__:
+        if name != "_memo" and hasattr(self, name) and name in ExecutionPlan.__slots__:
             raise AttributeError(f"ExecutionPlan is immutable: cannot set {name!r}")
         object.__setattr__(self, name, value)
 
@@ -493,15 +492,16 @@ class ExecutionPlan:
         ``col_tile[col_ptr[p*nb + J] : col_ptr[p*nb + J + 1]]`` (indices into
         ``tile_col``), by query block. Used by the backward pass.
         """
-        if self._cols is None:
+        def build() -> tuple[np.ndarray, np.ndarray]:
             nb = self.nb
             piece_of = np.repeat(np.arange(self.num_pieces), np.diff(self.tile_ptr[::nb]))
             key = piece_of.astype(np.int64) * nb + self.tile_col
             order = np.argsort(key, kind="stable").astype(np.int64)
             ptr = np.zeros(self.num_pieces * nb + 1, dtype=np.int64)
             np.cumsum(np.bincount(key, minlength=self.num_pieces * nb), out=ptr[1:])
-            self._cols = (_freeze(ptr), _freeze(order))
-        return self._cols
+            return _freeze(ptr), _freeze(order)
+
+        return self.memo("column_index", build)
 
     def tile_rows(self) -> np.ndarray:
         """``int64 (T,)``: the query block ``I`` of every tile (expanded from ``tile_ptr``)."""
