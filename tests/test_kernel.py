@@ -131,6 +131,21 @@ def test_transpose16_against_numpy(dtype):
     np.testing.assert_array_equal(dst, want)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_aligned_buffers_start_on_a_cache_line(dtype):
+    """The kernels' work buffers start on 64-byte boundaries, whatever the allocator
+    returns, and have the size and dtype asked for."""
+    from sparse_patterns.kernels.cpu import _aligned
+
+    like = np.zeros(3, dtype)
+    for size in (0, 1, 15, 16, 1000, 2048 * 64):
+        a = _aligned(size, like)
+        assert a.dtype == dtype and a.shape == (size,) and a.flags.c_contiguous
+        assert a.ctypes.data % 64 == 0
+        a[:] = 1  # writable over its whole length
+        assert a.sum() == size
+
+
 def random_patterns():
     return _random_patterns(max_n=30, densities=(0.0, 0.05, 0.2, 0.6, 1.0), single_key=0.4)
 

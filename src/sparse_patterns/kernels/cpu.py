@@ -124,6 +124,18 @@ def _zero(typingctx, dst, doff, count):  # pragma: no cover - compiled
     return types.none(dst, doff, count), codegen
 
 
+@numba.njit(cache=True)
+def _aligned(size, like):  # pragma: no cover - compiled
+    """An uninitialized 1-D array of ``size`` elements of ``like``'s dtype starting on a
+    64-byte boundary. numba's ``np.empty`` aligns to 32 bytes: a buffer that starts 32
+    bytes into a cache line makes every 16-float vector access straddle two lines,
+    which costs the forward about 4% (measured A/B, both offsets forced)."""
+    per = 64 // like.itemsize
+    raw = np.empty(size + per, like.dtype)
+    off = (-(raw.ctypes.data // like.itemsize)) % per
+    return raw[off: off + size]
+
+
 # --------------------------------------------------------------------- bit casts
 @intrinsic
 def _bits_to_f32(typingctx, x):  # pragma: no cover - compiled
@@ -637,22 +649,22 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last
     _wide()
     n = m1.shape[0] // BH
     nb = (n + block - 1) // block
-    dt = q1.dtype
     nseg = (nb + seg - 1) // seg  # work items: (batch x head, run of `seg` query blocks)
     local = np.arange(n, dtype=kperm_used.dtype)
     lstart = np.arange(nb, dtype=kstart.dtype) * block
     lstep = np.ones(nb, dtype=kstep.dtype)
     # buffers per thread (``T`` threads), allocated once, not per work item
-    wq = np.empty((T, 2, block * d), dt)
-    wkv = np.empty((T, 2, chunk * block * d), dt)
-    ws = np.empty((T, block * chunk * block), dt)
-    wr = np.empty((T, 6, block), dt)
+    # (block * d, block * block: multiples of 16 floats, so every slice stays aligned)
+    wq = _aligned(T * 2 * block * d, q1).reshape((T, 2, block * d))
+    wkv = _aligned(T * 2 * chunk * block * d, q1).reshape((T, 2, chunk * block * d))
+    ws = _aligned(T * block * chunk * block, q1).reshape((T, block * chunk * block))
+    wr = _aligned(T * 6 * block, q1).reshape((T, 6, block))
     wi = np.empty((T, block), np.int64)
     nkl = span * block if span > 0 else 0
     nql = seg * block if span > 0 else 0
-    wkl = np.empty((T, 2, nkl * d), dt)
-    wql = np.empty((T, 2, nql * d), dt)
-    wml = np.empty((T, 2, nql), dt)
+    wkl = _aligned(T * 2 * nkl * d, q1).reshape((T, 2, nkl * d))
+    wql = _aligned(T * 2 * nql * d, q1).reshape((T, 2, nql * d))
+    wml = _aligned(T * 2 * nql, q1).reshape((T, 2, nql))
     for w in prange(BH * nseg):
         bh = w // nseg
         if (bh % H) % G != g:
@@ -981,17 +993,17 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                 dq[base + i, c] = 0.0
                 dk[base + i, c] = 0.0
                 dv[base + i, c] = 0.0
-        kc = np.empty(2 * block * d, dt)
-        vc = np.empty(block * d, dt)
-        qc = np.empty(chunk * block * d, dt)
-        doc = np.empty(chunk * block * d, dt)
-        lc = np.empty(chunk * block, dt)
-        dc = np.empty(chunk * block, dt)
-        sbuf = np.empty(chunk * block * block, dt)
-        dpbuf = np.empty(chunk * block * block, dt)
-        dkacc = np.empty(block * d, dt)
-        dvacc = np.empty(block * d, dt)
-        dqc = np.empty(chunk * block * d, dt)
+        kc = _aligned(2 * block * d, q2)
+        vc = _aligned(block * d, q2)
+        qc = _aligned(chunk * block * d, q2)
+        doc = _aligned(chunk * block * d, q2)
+        lc = _aligned(chunk * block, q2)
+        dc = _aligned(chunk * block, q2)
+        sbuf = _aligned(chunk * block * block, q2)
+        dpbuf = _aligned(chunk * block * block, q2)
+        dkacc = _aligned(block * d, q2)
+        dvacc = _aligned(block * d, q2)
+        dqc = _aligned(chunk * block * d, q2)
         rowsrc = np.empty(chunk * block, np.int64)
         for p in range(P):
             if piece_group[p] != g:
