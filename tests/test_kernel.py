@@ -146,6 +146,45 @@ def test_aligned_buffers_start_on_a_cache_line(dtype):
         assert a.sum() == size
 
 
+def test_exp32_matches_the_vectorized_loop_bit_for_bit():
+    """The register-kept exponential pass of the fused 32-token path gives the same
+    bits as :func:`_exp_cols` (the path other tile sizes take), including a column
+    whose max is ``-inf``, NaN and ``-inf`` scores, and exponents below float32's
+    normal range."""
+    import numba
+
+    from sparse_patterns.kernels.cpu import _exp32, _exp_cols
+
+    @numba.njit
+    def fused(st, nk, cmax, csum):
+        _exp32(st, nk, cmax, csum)
+
+    @numba.njit
+    def loop(st, nk, cmax, msub, csum):
+        _exp_cols(st.reshape((nk, 32)), nk, 32, cmax, msub, csum, False)
+
+    rng = np.random.default_rng(11)
+    nk = 70
+    st = (rng.standard_normal(nk * 32) * 40).astype(np.float32)
+    st[rng.random(st.size) < 0.1] = -np.inf
+    st[[5, 300, 1000]] = np.nan
+    st[[7, 64, 640]] = [-130.0, -126.5, -125.9]
+    cmax = st.reshape(nk, 32).max(axis=0)  # NaN where a column has one
+    cmax[[3, 17]] = -np.inf  # columns with no key so far
+    cmax = cmax.astype(np.float32)
+    a, b = st.copy(), st.copy()
+    sa, sb = np.zeros(32, np.float32), np.zeros(32, np.float32)
+    fused(a, nk, cmax, sa)
+    loop(b, nk, cmax, np.zeros(32, np.float32), sb)
+    np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    np.testing.assert_array_equal(sa.view(np.uint32), sb.view(np.uint32))
+    finite = np.isfinite(st) & np.isfinite(cmax)[None, :].repeat(nk, 0).reshape(-1)
+    with np.errstate(invalid="ignore"):  # inf - inf where not `finite`
+        x = st - np.repeat(cmax[None, :], nk, 0).reshape(-1)  # the float32 difference
+    np.testing.assert_allclose(a[finite], np.exp2(x[finite].astype(np.float64)),
+                               rtol=3e-7, atol=1e-37)
+
+
 def random_patterns():
     return _random_patterns(max_n=30, densities=(0.0, 0.05, 0.2, 0.6, 1.0), single_key=0.4)
 

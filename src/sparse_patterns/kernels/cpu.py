@@ -189,6 +189,11 @@ def _mask_tile_t(st, c0, ncol, nrow, masks, mi):  # pragma: no cover - compiled
                 row[r] = row[r] if keep else ninf
 
 
+# Cephes' degree-6 polynomial for 2**r on [-1/2, 1/2], highest power first
+_EXP2_POLY = (1.535336188319500e-4, 1.339887440266574e-3, 9.618437357674640e-3,
+              5.550332471162809e-2, 2.402264791363012e-1, 6.931472028550421e-1, 1.0)
+
+
 @numba.njit(cache=True, fastmath=_FM, inline="always")
 def _exp2f(x):  # pragma: no cover - compiled
     """``2**x`` in float32, written so that a loop around it vectorizes: ``x = n + r``
@@ -199,9 +204,9 @@ def _exp2f(x):  # pragma: no cover - compiled
     xc = x if x > G(-126.0) else G(-126.0)
     nf = np.rint(xc)
     r = xc - nf
-    y = ((((((G(1.535336188319500e-4) * r + G(1.339887440266574e-3)) * r
-             + G(9.618437357674640e-3)) * r + G(5.550332471162809e-2)) * r
-           + G(2.402264791363012e-1)) * r + G(6.931472028550421e-1)) * r + G(1.0))
+    P = _EXP2_POLY
+    y = ((((((G(P[0]) * r + G(P[1])) * r + G(P[2])) * r + G(P[3])) * r + G(P[4])) * r
+          + G(P[5])) * r + G(P[6]))
     y = y * _bits_to_f32((np.int32(nf) + 127) << 23)
     return y if x >= G(-126.0) else (x if x != x else G(0.0))
 
@@ -345,6 +350,63 @@ def _splat(builder, x, vt):
     v = builder.insert_element(ir.Constant(vt, ir.Undefined), x, ir.IntType(32)(0))
     return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), vt.count),
                                                     [0] * vt.count))
+
+
+@intrinsic
+def _exp32(typingctx, st, nk, cmax, csum):  # pragma: no cover - compiled
+    """:func:`_exp_cols` for 32 float32 queries, the shifts and sums kept in registers:
+    ``st[j*32 + r] = 2**(st[j*32 + r] - cmax[r])`` (0 where ``cmax[r]`` is ``-inf``),
+    ``csum[r]`` = column sums. The same operations as :func:`_exp2f`, so the same bits."""
+    def codegen(context, builder, signature, args):
+        st_, nk_, cm_, cs_ = args
+        sp, cp, op = (context.make_array(signature.args[i])(context, builder, v).data
+                      for i, v in ((0, st_), (2, cm_), (3, cs_)))
+        f32 = ir.FloatType()
+        i32 = ir.IntType(32)
+        vt = ir.VectorType(f32, 16)
+        it = ir.VectorType(i32, 16)
+        vp = vt.as_pointer()
+        i64 = ir.IntType(64)
+        mod = builder.module
+        fma = cgutils.get_or_insert_function(mod, ir.FunctionType(vt, [vt] * 3), "llvm.fma.v16f32")
+        rint = cgutils.get_or_insert_function(mod, ir.FunctionType(vt, [vt]), "llvm.rint.v16f32")
+
+        def const(x):
+            return ir.Constant(vt, [float(x)] * 16)
+
+        def vec(ptr, off):
+            return builder.bitcast(builder.gep(ptr, [off]), vp)
+
+        lo = const(-126.0)
+        msub, acc = [], []
+        for h in range(2):
+            m = builder.load(vec(cp, i64(16 * h)), align=4)
+            msub.append(builder.select(builder.fcmp_ordered("==", m, const(float("-inf"))), const(0.0), m))
+            a = cgutils.alloca_once(builder, vt)
+            builder.store(const(0.0), a)
+            acc.append(a)
+        with cgutils.for_range(builder, nk_) as loop:
+            row = builder.mul(loop.index, i64(32))
+            for h in range(2):
+                ptr = vec(sp, builder.add(row, i64(16 * h)))
+                x = builder.fsub(builder.load(ptr, align=4), msub[h])
+                xc = builder.select(builder.fcmp_ordered(">", x, lo), x, lo)
+                nf = builder.call(rint, [xc])
+                r = builder.fsub(xc, nf)
+                y = const(_EXP2_POLY[0])
+                for c in _EXP2_POLY[1:]:
+                    y = builder.call(fma, [y, r, const(c)])
+                e = builder.shl(builder.add(builder.fptosi(nf, it), ir.Constant(it, [127] * 16)),
+                                ir.Constant(it, [23] * 16))
+                y = builder.fmul(y, builder.bitcast(e, vt))
+                other = builder.select(builder.fcmp_unordered("uno", x, x), x, const(0.0))
+                y = builder.select(builder.fcmp_ordered(">=", x, lo), y, other)
+                builder.store(y, ptr, align=4)
+                builder.store(builder.fadd(builder.load(acc[h]), y), acc[h])
+        for h in range(2):
+            builder.store(builder.load(acc[h]), vec(op, i64(16 * h)), align=4)
+        return context.get_dummy_value()
+    return types.none(st, nk, cmax, csum), codegen
 
 
 _KEYS = 8  # keys per register block of _scores32 (16 vector accumulators)
@@ -534,7 +596,7 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last,
             for r in range(rows):
                 cmax[r] = mrow[r]
             _scores32(ka, koff, qbuf, sbuf, c1 - c0, d, scale * unit, tile_mask, c0, maskt, cmax)
-            _exp_cols(st, nk, rows, cmax, msub, csum, precise)
+            _exp32(sbuf, nk, cmax, csum)
         else:
             _gemm(_N, _N, rows, nk, d, scale * unit, qbuf, 0, rows, ka, koff, d, 0.0, sbuf, 0, rows)
             off = 0
