@@ -187,9 +187,9 @@ def main() -> None:
         return (f"median {format(float(np.median(x)), fmt)} "
                 f"[{format(float(x.min()), fmt)}-{format(float(x.max()), fmt)}]")
 
-    def fig(best: float, x: np.ndarray, fmt: str) -> str:
-        """The figure from the best times, then the per-round median and range."""
-        return f"{format(best, fmt)} ({spread(x, fmt)})"
+    def fig(value: float, x: np.ndarray, fmt: str) -> str:
+        """``value`` (the figure from the best times), then the per-round median and range."""
+        return f"{format(value, fmt)} ({spread(x, fmt)})"
 
     mm_best = 2 * 4096**3 / t["matmul"].min() / 1e9
     print(f"{args.rounds} rounds, each timing every quantity once (best of {args.repeats} calls; "

@@ -716,7 +716,7 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last
     lstart = np.arange(nb, dtype=kstart.dtype) * block
     lstep = np.ones(nb, dtype=kstep.dtype)
     # buffers per thread (``T`` threads), allocated once, not per work item
-    # (block * d, block * block: multiples of 16 floats, so every slice stays aligned)
+    # on cache lines; each thread's slices too where block is a multiple of 16 (the default 32)
     wq = _aligned(T * 2 * block * d, q1).reshape((T, 2, block * d))
     wkv = _aligned(T * 2 * chunk * block * d, q1).reshape((T, 2, chunk * block * d))
     ws = _aligned(T * block * chunk * block, q1).reshape((T, block * chunk * block))
