@@ -88,6 +88,43 @@ def test_key_orders_copied_per_work_item_or_once(mode, name, n, params, block, r
         check(pat, mode, dtype, block=block)
 
 
+def test_work_items_copy_each_of_their_rows_once_in_run_order():
+    """A gathered piece split in several work items (here a residue order whose
+    classes straddle the items): each item copies every key position of its tiles and
+    every query position of its blocks exactly once, keys by runs of grid rows and,
+    within a run, class by class (see ``_copy_orders``); and the forward through those
+    copies gives the oracle's result."""
+    from sparse_patterns.kernels.cpu import _COPY_RUN, _LOCAL_ROWS, _forward_steps, _residues
+
+    pat = sps.make("strided", 3000, stride=37)  # 37 classes of 81-82 tokens
+    block = 4
+    pl = plan(pat, mode="merged", block=block)
+    steps = [st for st in _forward_steps(pl, 8) if st[3] > 0]
+    assert steps
+    for step in steps:
+        p, items, kperm, copies = step[0], step[4], step[8], step[9]
+        s = int(_residues(pl)[p])
+        assert s == 37 and items == _LOCAL_ROWS // block
+        kx0, kptr, korder, qptr, qorder = copies
+        assert kx0.size == -(-pl.nb // items) >= 2
+        for w, I0 in enumerate(range(0, pl.nb, items)):
+            I1 = min(pl.nb, I0 + items)
+            cols = pl.tile_col[pl.tile_ptr[p * pl.nb + I0]: pl.tile_ptr[p * pl.nb + I1]]
+            x0, x1 = cols.min() * block, min(pl.n, (cols.max() + 1) * block)
+            assert kx0[w] == x0
+            keys = korder[kptr[w]: kptr[w + 1]]
+            np.testing.assert_array_equal(np.sort(keys), np.arange(x0, x1))
+            queries = qorder[qptr[w]: qptr[w + 1]]
+            np.testing.assert_array_equal(np.sort(queries), np.arange(I0 * block, min(pl.n, I1 * block)))
+            for pos, perm in ((keys, kperm), (queries, pl.qperm[p])):
+                run = perm[pos] // (_COPY_RUN * s)  # the run of grid rows of each token
+                assert (np.diff(run) >= 0).all()
+                same = np.diff(run) == 0
+                assert (np.diff(pos)[same] > 0).all()  # within a run, in the piece's order
+    for dtype in (np.float64, np.float32):
+        check(pat, "merged", dtype, H=2, d=8, B=1, block=block)
+
+
 @pytest.mark.parametrize(
     "name, n, params, block, d",
     [
