@@ -40,6 +40,21 @@ def small_table() -> ProfileTable:
                    params={"stride": 8}, **FAST)
 
 
+def test_matmul_reference_is_the_faster_of_start_and_end(monkeypatch):
+    """A slow spell at one end of the run does not lower the matmul reference (and so
+    inflate every ``% matmul``): it is timed at the start and at the end, the faster
+    figure kept."""
+    figures = iter([(100.0, "torch.matmul fp32 128x128"), (150.0, "torch.matmul fp32 128x128")])
+    monkeypatch.setattr(prof, "_matmul_gflops", lambda torch: next(figures))
+    t = profile(["strided"], [32], impls=("reference",), baselines=(), params={"stride": 4},
+                **FAST)
+    assert t.matmul_gflops == 150.0
+    assert "start and the end" in t.matmul_source
+    assert next(figures, None) is None  # timed exactly twice
+    g = t[0].gflops("reference")
+    assert t.pct_of_matmul(t[0], "reference") == pytest.approx(100 * g / 150.0)
+
+
 def test_table_has_every_field(small_table):
     t = small_table
     assert len(t) == 4
