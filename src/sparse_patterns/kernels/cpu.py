@@ -9,8 +9,9 @@ transposed (keys x queries, one BLAS ``gemm`` on ``Q^T``), the partial tiles
 masked, the online softmax updated with loops vectorized across the queries, and
 ``P V`` added into the tile's output buffer. A piece whose blocks are not runs of
 consecutive tokens (a ``residue(s)`` order) has each work item copy its queries,
-keys, values and softmax state into buffers of its own, reading them in token
-order; if a work item's keys span much more than its queries (summary keys put
+keys, values and softmax state into buffers of its own, one array at a time in
+the order of a per-plan schedule (:func:`_copy_orders`: runs of grid rows, class by
+class); if a work item's keys span much more than its queries (summary keys put
 first), the used key blocks are put in the piece's order once per call instead.
 Nothing of size ``n x n`` is ever allocated.
 
@@ -40,14 +41,17 @@ What decides the speed on a CPU without SVML (each measured, A/B in one process)
 * for 32-token float32 tiles the score product, the masks and the running column
   max are one register-blocked pass (:func:`_scores32`, written in LLVM IR:
   8 keys x 32 queries in 16 vector registers, a partial tile's mask applied as
-  vector lane masks from transposed query bits), as fast as the BLAS call alone;
+  vector lane masks from transposed query bits), as fast as the BLAS call alone,
+  and the exponentials another (:func:`_exp32`, sums kept in registers);
 * moving rows: tiles are transposed 16 x 16 in vector registers
   (:func:`_transpose16`, 6x faster than a scalar loop), rows are copied with
   ``memcpy`` (:func:`_copy`; numba's slice assignment of a 256-byte row is about
   15x slower), and the hot loops ask LLVM for 512-bit vectors (:func:`_wide`),
   which its tuning for AVX-512 CPUs otherwise avoids;
-* what the forward derives from the plan alone (piece order, block steps, inverse
-  permutations, transposed masks) is computed once per plan
+* work buffers start on 64-byte boundaries (:func:`_aligned`), so vector accesses
+  do not straddle cache lines;
+* what the forward derives from the plan alone (piece order, block steps, copy
+  schedules, transposed masks) is computed once per plan
   (:meth:`ExecutionPlan.memo`).
 """
 
