@@ -222,6 +222,60 @@ def test_exp32_matches_the_vectorized_loop_bit_for_bit():
                                rtol=3e-7, atol=1e-37)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("d", [16, 48, 64, 80, 128])
+def test_pv32_against_numpy(d, dtype):
+    """The query-major ``O = diag(alpha) O + P V`` of the fused path: each group of 4
+    queries adds exactly the key rows ``lo[g] .. hi[g]`` (an empty range, one row and
+    the whole chunk included), for ``d`` of whole and partial 4-vector column blocks."""
+    import numba
+
+    from sparse_patterns.kernels.cpu import _pv32
+
+    @numba.njit
+    def run(va, koff, st, obuf, alpha, lo, hi, d):
+        _pv32(va, koff, st, obuf, alpha, lo, hi, d)
+
+    rng = np.random.default_rng(d)
+    nk, koff = 96, 3 * d
+    va = rng.standard_normal(koff + nk * d + 5).astype(dtype)
+    st = rng.random(nk * 32).astype(dtype)
+    obuf = rng.standard_normal(32 * d).astype(dtype)
+    alpha = rng.random(32).astype(dtype)
+    alpha[5] = 1.0
+    lo = np.array([0, 10, 40, 95, 7, 0, 50, 20], np.int64)
+    hi = np.array([96, 11, 40, 96, 60, 33, 90, 21], np.int64)
+    out = obuf.copy()
+    run(va, koff, st, out, alpha, lo, hi, d)
+    P = st.reshape(nk, 32).T.astype(np.float64)  # queries x keys
+    keep = np.zeros((32, nk), bool)
+    for g in range(8):
+        keep[4 * g: 4 * g + 4, lo[g]: hi[g]] = True
+    V = va[koff: koff + nk * d].reshape(nk, d).astype(np.float64)
+    want = obuf.reshape(32, d) * alpha[:, None] + np.where(keep, P, 0.0) @ V
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(out.reshape(32, d), want, **tol)
+
+
+def test_group_rows_bound_what_each_query_group_sees():
+    """For every partial-tile mask of a 32-token plan and every group of 4 queries,
+    :func:`_group_rows` gives the first key any of them sees and one past the last:
+    the keys outside are masked for the whole group (what :func:`_pv32` skips)."""
+    from sparse_patterns.kernels.cpu import _group_rows, _masks_t
+
+    pl = plan(sps.make("strided", 300, stride=40), mode="merged", block=32)
+    assert pl.masks.shape[0] > 0
+    rows = _group_rows(_masks_t(pl)).reshape(-1, 8, 2)
+    assert rows.shape[0] == pl.masks.shape[0] + 1
+    np.testing.assert_array_equal(rows[-1], [[0, 32]] * 8)  # the full tile
+    bits = np.unpackbits(pl.masks.view(np.uint8), axis=-1, bitorder="little")[..., :32]
+    for m in range(pl.masks.shape[0]):
+        for g in range(8):
+            seen = np.flatnonzero(bits[m, 4 * g: 4 * g + 4].any(axis=0))  # keys
+            want = (seen[0], seen[-1] + 1) if seen.size else (32, 0)
+            assert tuple(rows[m, g]) == want, (m, g)
+
+
 def random_patterns():
     return _random_patterns(max_n=30, densities=(0.0, 0.05, 0.2, 0.6, 1.0), single_key=0.4)
 

@@ -413,6 +413,85 @@ def _exp32(typingctx, st, nk, cmax, csum):  # pragma: no cover - compiled
     return types.none(st, nk, cmax, csum), codegen
 
 
+_PV_QUERIES = 4  # queries per register block of _pv32 (x 4 vectors = 16 accumulators)
+
+
+@intrinsic
+def _pv32(typingctx, va, koff, st, obuf, alpha, lo, hi, d):  # pragma: no cover - compiled
+    """``O = diag(alpha) O + P V`` for 32 queries, query-major, each group of
+    ``_PV_QUERIES`` queries over only the key rows it can see (the rescale of the
+    online softmax and the product in one pass).
+
+    ``obuf``: ``O``, 32 x ``d`` row-major; ``st``: ``P^T`` (key ``j``, query ``r`` at
+    ``j*32 + r``); value row ``j`` at ``va[koff + j*d]``; group ``g`` (queries
+    ``4g .. 4g+3``) adds key rows ``lo[g] <= j < hi[g]``, outside which its ``P`` is 0.
+    ``O`` rows are accumulated in 16 vector registers, 4 queries x 4 vectors (64
+    float32 columns) at a time, then 3, 2 or 1 vectors for the rest of ``d``, which
+    must be a multiple of the vector (16 float32, 8 float64);
+    a value row is loaded once per group and each ``P`` entry broadcast. Where a
+    tile is partial (the band's first and last tiles, a diagonal tile) this skips
+    the rows that a BLAS ``gemm`` over the whole chunk multiplies by zero.
+    """
+    G = _PV_QUERIES
+
+    def codegen(context, builder, signature, args):
+        va_, ko_, st_, ob_, al_, lo_, hi_, d_ = args
+
+        def data(i, v):
+            return context.make_array(signature.args[i])(context, builder, v).data
+
+        vp_, sp, op, ap, lp, hp = (data(0, va_), data(2, st_), data(3, ob_), data(4, al_),
+                                   data(5, lo_), data(6, hi_))
+        et = context.get_value_type(signature.args[0].dtype)
+        L = 16 if isinstance(et, ir.FloatType) else 8  # lanes of a 512-bit vector
+        vt = ir.VectorType(et, L)
+        i64 = ir.IntType(64)
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt] * 3),
+                                             f"llvm.fma.v{L}{'f32' if L == 16 else 'f64'}")
+
+        def vec(ptr, off):
+            return builder.bitcast(builder.gep(ptr, [off]), vt.as_pointer())
+
+        acc = [[cgutils.alloca_once(builder, vt) for c in range(4)] for u in range(G)]
+
+        def columns(c0, W):  # columns c0 .. c0 + L W of every query group
+            with cgutils.for_range(builder, i64(32 // G)) as gl:
+                g = gl.index
+                orows = [builder.add(builder.mul(builder.add(builder.mul(g, i64(G)), i64(u)), d_), c0)
+                         for u in range(G)]
+                for u in range(G):
+                    a = _splat(builder, builder.load(builder.gep(ap, [builder.add(builder.mul(g, i64(G)), i64(u))])), vt)
+                    for c in range(W):
+                        x = builder.load(vec(op, builder.add(orows[u], i64(L * c))), align=4)
+                        builder.store(builder.fmul(x, a), acc[u][c])
+                j0 = builder.load(builder.gep(lp, [g]))
+                with cgutils.for_range(builder, builder.sub(builder.load(builder.gep(hp, [g])), j0)) as jl:
+                    j = builder.add(j0, jl.index)
+                    vrow = builder.add(builder.add(ko_, builder.mul(j, d_)), c0)
+                    v = [builder.load(vec(vp_, builder.add(vrow, i64(L * c))), align=4)
+                         for c in range(W)]
+                    srow = builder.add(builder.mul(j, i64(32)), builder.mul(g, i64(G)))
+                    for u in range(G):
+                        pu = _splat(builder, builder.load(builder.gep(sp, [builder.add(srow, i64(u))])), vt)
+                        for c in range(W):
+                            builder.store(builder.call(fma, [pu, v[c], builder.load(acc[u][c])]),
+                                          acc[u][c])
+                for u in range(G):
+                    for c in range(W):
+                        builder.store(builder.load(acc[u][c]),
+                                      vec(op, builder.add(orows[u], i64(L * c))), align=4)
+
+        whole = builder.sdiv(d_, i64(4 * L))
+        with cgutils.for_range(builder, whole) as cl:
+            columns(builder.mul(cl.index, i64(4 * L)), 4)
+        rest = builder.srem(d_, i64(4 * L))
+        for W in (3, 2, 1):
+            with builder.if_then(builder.icmp_signed("==", rest, i64(L * W))):
+                columns(builder.mul(whole, i64(4 * L)), W)
+        return context.get_dummy_value()
+    return types.none(va, koff, st, obuf, alpha, lo, hi, d), codegen
+
+
 _KEYS = 8  # keys per register block of _scores32 (16 vector accumulators)
 
 
@@ -531,8 +610,8 @@ def _exp_rows(x, rows, precise):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, fastmath=_FM)
 def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last, qmap, kperm_used,
-            kstart, kstep, tile_ptr, tile_col, tile_mask, masks, maskt, fused, block, chunk, precise,
-            qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff):  # pragma: no cover - compiled
+            kstart, kstep, tile_ptr, tile_col, tile_mask, masks, maskt, grows, fused, block, chunk,
+            precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff):  # pragma: no cover - compiled
     """Query block ``I`` of piece ``p`` for one (batch, head): continues the online
     softmax of its queries over chunks of tiles. Position ``x`` of the piece's order
     is row ``base + qmap[x]`` of ``q1`` and of the state, and its key and value row
@@ -596,7 +675,8 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last,
             ka, va, koff = kbuf, vbuf, 0
         # scores, transposed: st (nk keys x rows queries, row-major) = scale K Q^T
         st = sbuf[: nk * rows].reshape((nk, rows))
-        if fused and rows == 32 and nk == 32 * (c1 - c0):  # whole 32 x 32 float32 tiles
+        whole = fused and rows == 32 and nk == 32 * (c1 - c0)  # whole 32 x 32 float32 tiles
+        if whole:
             for r in range(rows):
                 cmax[r] = mrow[r]
             _scores32(ka, koff, qbuf, sbuf, c1 - c0, d, scale * unit, tile_mask, c0, maskt, cmax)
@@ -614,16 +694,37 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last,
             alpha[r] = mrow[r] - cmax[r] if cmax[r] != ninf else 0.0
         _exp_rows(alpha, rows, precise)
         for r in range(rows):
-            a = alpha[r]
-            lrow[r] = lrow[r] * a + csum[r]
+            lrow[r] = lrow[r] * alpha[r] + csum[r]
             if cmax[r] != ninf:
                 mrow[r] = cmax[r]
-            if a != 1.0:
-                orow = obuf[r * d: (r + 1) * d]  # a view: its loop vectorizes (see _copy)
-                for c in range(d):
-                    orow[c] *= a
-        # o (rows x d, row-major) += P V, with P^T = st
-        _gemm(_N, _T, d, rows, nk, 1.0, va, koff, d, sbuf, 0, rows, 1.0, obuf, 0, d)
+        if whole and d % 16 == 0:
+            # each group of 4 queries sees key rows lo .. hi of the chunk (from the
+            # masks of its first and last tile that hold any of its queries)
+            full = grows.size // 16 - 1
+            lo, hi = roff[:8], roff[8:16]
+            for g in range(8):
+                lo[g] = 0
+                hi[g] = 0
+                for t in range(c0, c1):
+                    mi = tile_mask[t] if tile_mask[t] >= 0 else full
+                    if grows[mi * 16 + 2 * g] < 32:
+                        lo[g] = (t - c0) * 32 + grows[mi * 16 + 2 * g]
+                        break
+                for t in range(c1 - 1, c0 - 1, -1):
+                    mi = tile_mask[t] if tile_mask[t] >= 0 else full
+                    if grows[mi * 16 + 2 * g + 1] > 0:
+                        hi[g] = (t - c0) * 32 + grows[mi * 16 + 2 * g + 1]
+                        break
+            _pv32(va, koff, sbuf, obuf, alpha, lo, hi, d)
+        else:
+            for r in range(rows):
+                a = alpha[r]
+                if a != 1.0:
+                    orow = obuf[r * d: (r + 1) * d]  # a view: its loop vectorizes (see _copy)
+                    for c in range(d):
+                        orow[c] *= a
+            # o (rows x d, row-major) += P V, with P^T = st
+            _gemm(_N, _T, d, rows, nk, 1.0, va, koff, d, sbuf, 0, rows, 1.0, obuf, 0, d)
     for r in range(rows):
         i = base + qmap[x0 + r]
         if last:
@@ -692,7 +793,7 @@ def _permute_residue(x1, s, BH, n, d, out1):  # pragma: no cover - compiled
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
 def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last, qperm,
                    kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col, tile_mask, masks,
-                   maskt, fused, block, chunk, seg, precise, T):  # pragma: no cover - compiled
+                   maskt, grows, fused, block, chunk, seg, precise, T):  # pragma: no cover - compiled
     """Piece ``p`` (softmax group ``g``) of every (batch, head) whose group is ``g``.
 
     ``span > 0``: the key blocks of a work item's tiles lie within ``span``
@@ -762,7 +863,7 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last
             for I in range(I0, I1):
                 _qblock(ql, kl, vl, ol, ml, ll, -y0, -x0, n, d, p, I, scale, first, last,
                         local, local, lstart, lstep, tile_ptr, tile_col, tile_mask, masks,
-                        maskt, fused,
+                        maskt, grows, fused,
                         block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
                         msub, csum, alpha, wi[tid])
             for t in range(qptr[it], qptr[it + 1]):
@@ -775,7 +876,7 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last
             for I in range(I0, I1):
                 _qblock(q1, k1, v1, o1, m1, l1, base, base, n, d, p, I, scale, first, last,
                         qperm[p], kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks,
-                        maskt, fused,
+                        maskt, grows, fused,
                         block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
                         msub, csum, alpha, wi[tid])
 
@@ -897,6 +998,23 @@ def _masks_t(plan) -> np.ndarray:
     return np.concatenate([words, np.full(32, 0xFFFFFFFF, np.uint32)])
 
 
+_NO_ROWS = np.zeros(16, np.int64)
+
+
+def _group_rows(maskt: np.ndarray) -> np.ndarray:
+    """``int64 (M + 1, 8, 2)`` flattened, from :func:`_masks_t`'s words: for mask ``m``
+    and query group ``g`` (queries ``4g .. 4g+3`` of a 32-token tile), the first key
+    that any of them sees and one past the last (``32, 0`` if none sees one); the
+    last entry is the full tile, ``0, 32`` for every group (what :func:`_pv32` is
+    told to skip)."""
+    words = maskt.reshape(-1, 32).astype(np.int64)  # (M + 1, key): query bits
+    groups = (words[:, None, :] >> (4 * np.arange(8))[None, :, None]) & 0xF  # (M+1, 8, key)
+    seen = groups != 0
+    first = np.where(seen.any(-1), seen.argmax(-1), 32)
+    last = np.where(seen.any(-1), 32 - seen[..., ::-1].argmax(-1), 0)
+    return np.ascontiguousarray(np.stack([first, last], axis=-1).reshape(-1), dtype=np.int64)
+
+
 def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
     """``q1, k1, v1, o1``: flattened ``(B*H*n*d,)``; ``m1``: ``(B*H*n,)`` (becomes the
     log-sum-exp); head ``h`` uses group ``h % G``. The pieces of a group continue one
@@ -914,6 +1032,7 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
     # 32-token float32 tiles: scores, masks and column max in one pass (_scores32)
     fused = block == 32 and not precise
     maskt = plan.memo("cpu.masks_t", lambda: _masks_t(plan)) if fused else _NO_MASKS
+    grows = plan.memo("cpu.group_rows", lambda: _group_rows(maskt)) if fused else _NO_ROWS
     for (p, first, last, span, items, reorder, kt, ks, kperm_used,
          copies) in plan.memo(("cpu.forward", seg), lambda: _forward_steps(plan, seg)):
         kq, vq = k1, v1
@@ -930,7 +1049,7 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
             kq, vq = kp1, vp1
         _forward_piece(q1, kq, vq, o1, m1, l1, BH, H, d, scale, G, groups[p], p, first, last,
                        plan.qperm, kperm_used, kt, ks, span, copies, plan.tile_ptr,
-                       plan.tile_col, plan.tile_mask, plan.masks, maskt, fused, block, chunk,
+                       plan.tile_col, plan.tile_mask, plan.masks, maskt, grows, fused, block, chunk,
                        items, precise, numba.get_num_threads())
 
 
