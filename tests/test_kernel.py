@@ -225,36 +225,43 @@ def test_exp32_matches_the_vectorized_loop_bit_for_bit():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("d", [16, 48, 64, 80, 128])
 def test_pv32_against_numpy(d, dtype):
-    """The query-major ``O = diag(alpha) O + P V`` of the fused path: each group of 4
-    queries adds exactly the key rows ``lo[g] .. hi[g]`` (an empty range, one row and
-    the whole chunk included), for ``d`` of whole and partial 4-vector column blocks."""
+    """The query-major ``O = diag(post) (diag(alpha) O + P V)`` of the fused path:
+    each group of 4 queries adds exactly the key rows ``lo[g] .. hi[g]`` (an empty
+    range, one row and the whole chunk included), for ``d`` of whole and partial
+    4-vector column blocks, ``O`` at an offset into a larger array."""
     import numba
 
     from sparse_patterns.kernels.cpu import _pv32
 
     @numba.njit
-    def run(va, koff, st, obuf, alpha, lo, hi, d):
-        _pv32(va, koff, st, obuf, alpha, lo, hi, d)
+    def run(va, koff, st, obuf, ooff, alpha, post, lo, hi, d):
+        _pv32(va, koff, st, obuf, ooff, alpha, post, lo, hi, d)
 
     rng = np.random.default_rng(d)
-    nk, koff = 96, 3 * d
+    nk, koff, ooff = 96, 3 * d, 2 * d + 16
     va = rng.standard_normal(koff + nk * d + 5).astype(dtype)
     st = rng.random(nk * 32).astype(dtype)
-    obuf = rng.standard_normal(32 * d).astype(dtype)
+    obuf = rng.standard_normal(ooff + 32 * d + 7).astype(dtype)
     alpha = rng.random(32).astype(dtype)
     alpha[5] = 1.0
+    post = rng.random(32).astype(dtype) + 0.5
+    post[:8] = 1.0
     lo = np.array([0, 10, 40, 95, 7, 0, 50, 20], np.int64)
     hi = np.array([96, 11, 40, 96, 60, 33, 90, 21], np.int64)
     out = obuf.copy()
-    run(va, koff, st, out, alpha, lo, hi, d)
+    run(va, koff, st, out, ooff, alpha, post, lo, hi, d)
     P = st.reshape(nk, 32).T.astype(np.float64)  # queries x keys
     keep = np.zeros((32, nk), bool)
     for g in range(8):
         keep[4 * g: 4 * g + 4, lo[g]: hi[g]] = True
     V = va[koff: koff + nk * d].reshape(nk, d).astype(np.float64)
-    want = obuf.reshape(32, d) * alpha[:, None] + np.where(keep, P, 0.0) @ V
+    O = obuf[ooff: ooff + 32 * d].reshape(32, d)
+    want = post[:, None] * (O * alpha[:, None] + np.where(keep, P, 0.0) @ V)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(out.reshape(32, d), want, **tol)
+    np.testing.assert_allclose(out[ooff: ooff + 32 * d].reshape(32, d), want, **tol)
+    untouched = np.ones(out.size, bool)
+    untouched[ooff: ooff + 32 * d] = False
+    np.testing.assert_array_equal(out[untouched], obuf[untouched])
 
 
 def test_group_rows_bound_what_each_query_group_sees():

@@ -417,12 +417,12 @@ _PV_QUERIES = 4  # queries per register block of _pv32 (x 4 vectors = 16 accumul
 
 
 @intrinsic
-def _pv32(typingctx, va, koff, st, obuf, alpha, lo, hi, d):  # pragma: no cover - compiled
-    """``O = diag(alpha) O + P V`` for 32 queries, query-major, each group of
-    ``_PV_QUERIES`` queries over only the key rows it can see (the rescale of the
-    online softmax and the product in one pass).
+def _pv32(typingctx, va, koff, st, obuf, ooff, alpha, post, lo, hi, d):  # pragma: no cover - compiled
+    """``O = diag(post) (diag(alpha) O + P V)`` for 32 queries, query-major, each
+    group of ``_PV_QUERIES`` queries over only the key rows it can see (the rescale
+    of the online softmax, the product and the final normalization in one pass).
 
-    ``obuf``: ``O``, 32 x ``d`` row-major; ``st``: ``P^T`` (key ``j``, query ``r`` at
+    ``O``: 32 x ``d`` row-major from ``obuf[ooff]``; ``st``: ``P^T`` (key ``j``, query ``r`` at
     ``j*32 + r``); value row ``j`` at ``va[koff + j*d]``; group ``g`` (queries
     ``4g .. 4g+3``) adds key rows ``lo[g] <= j < hi[g]``, outside which its ``P`` is 0.
     ``O`` rows are accumulated in 16 vector registers, 4 queries x 4 vectors (64
@@ -435,13 +435,14 @@ def _pv32(typingctx, va, koff, st, obuf, alpha, lo, hi, d):  # pragma: no cover 
     G = _PV_QUERIES
 
     def codegen(context, builder, signature, args):
-        va_, ko_, st_, ob_, al_, lo_, hi_, d_ = args
+        va_, ko_, st_, ob_, oo_, al_, po_, lo_, hi_, d_ = args
 
         def data(i, v):
             return context.make_array(signature.args[i])(context, builder, v).data
 
-        vp_, sp, op, ap, lp, hp = (data(0, va_), data(2, st_), data(3, ob_), data(4, al_),
-                                   data(5, lo_), data(6, hi_))
+        vp_, sp, ap, pp, lp, hp = (data(0, va_), data(2, st_), data(5, al_), data(6, po_),
+                                   data(7, lo_), data(8, hi_))
+        op = builder.gep(data(3, ob_), [oo_])
         et = context.get_value_type(signature.args[0].dtype)
         L = 16 if isinstance(et, ir.FloatType) else 8  # lanes of a 512-bit vector
         vt = ir.VectorType(et, L)
@@ -477,8 +478,9 @@ def _pv32(typingctx, va, koff, st, obuf, alpha, lo, hi, d):  # pragma: no cover 
                             builder.store(builder.call(fma, [pu, v[c], builder.load(acc[u][c])]),
                                           acc[u][c])
                 for u in range(G):
+                    s = _splat(builder, builder.load(builder.gep(pp, [builder.add(builder.mul(g, i64(G)), i64(u))])), vt)
                     for c in range(W):
-                        builder.store(builder.load(acc[u][c]),
+                        builder.store(builder.fmul(builder.load(acc[u][c]), s),
                                       vec(op, builder.add(orows[u], i64(L * c))), align=4)
 
         whole = builder.sdiv(d_, i64(4 * L))
@@ -489,7 +491,7 @@ def _pv32(typingctx, va, koff, st, obuf, alpha, lo, hi, d):  # pragma: no cover 
             with builder.if_then(builder.icmp_signed("==", rest, i64(L * W))):
                 columns(builder.mul(whole, i64(4 * L)), W)
         return context.get_dummy_value()
-    return types.none(va, koff, st, obuf, alpha, lo, hi, d), codegen
+    return types.none(va, koff, st, obuf, ooff, alpha, post, lo, hi, d), codegen
 
 
 _KEYS = 8  # keys per register block of _scores32 (16 vector accumulators)
@@ -629,16 +631,38 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last,
         return
     rows = min(block, n - I * block)
     x0 = I * block
+    # in place: where the block's rows are consecutive rows of the state and every
+    # chunk is whole 32-token float32 tiles, P V (_pv32) accumulates straight into
+    # those rows of o1 and the last piece normalizes them there, with no copy to and
+    # from ``obuf``
+    inplace = fused and rows == 32 and d % 16 == 0 and t0 < t1
+    if inplace:
+        for r in range(1, rows):
+            if qmap[x0 + r] != qmap[x0] + r:
+                inplace = False
+                break
+        for t in range(t0, t1):
+            if (tile_col[t] + 1) * block > n:
+                inplace = False
+                break
+    if inplace:
+        ob, ooff = o1, (base + qmap[x0]) * d
+        if first:
+            _zero(o1, ooff, rows * d)
+    else:
+        ob, ooff = obuf, 0
     for r in range(rows):
         i = base + qmap[x0 + r]
         if first:
             mrow[r] = ninf
             lrow[r] = 0.0
-            _zero(obuf, r * d, d)
+            if not inplace:
+                _zero(obuf, r * d, d)
         else:
             mrow[r] = m1[i]
             lrow[r] = l1[i]
-            _copy(obuf, r * d, o1, i * d, d)
+            if not inplace:
+                _copy(obuf, r * d, o1, i * d, d)
     if t0 < t1:  # Q^T (d x rows): the score product is then a fast NN gemm
         if rows % 16 == 0 and d % 16 == 0:
             for r in range(rows):
@@ -715,7 +739,13 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last,
                     if grows[mi * 16 + 2 * g + 1] > 0:
                         hi[g] = (t - c0) * 32 + grows[mi * 16 + 2 * g + 1]
                         break
-            _pv32(va, koff, sbuf, obuf, alpha, lo, hi, d)
+            post = msub  # free in the fused path: 1, or 1 / l after the last chunk
+            final = inplace and last and c1 == t1
+            for r in range(rows):
+                post[r] = 1.0
+                if final and lrow[r] != 0.0:
+                    post[r] = 1.0 / lrow[r]
+            _pv32(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d)
         else:
             for r in range(rows):
                 a = alpha[r]
@@ -725,6 +755,18 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last,
                         orow[c] *= a
             # o (rows x d, row-major) += P V, with P^T = st
             _gemm(_N, _T, d, rows, nk, 1.0, va, koff, d, sbuf, 0, rows, 1.0, obuf, 0, d)
+    if inplace:  # the rows of o1 hold the state, or the output if ``last``
+        for r in range(rows):
+            i = base + qmap[x0 + r]
+            if not last:
+                m1[i] = mrow[r]
+                l1[i] = lrow[r]
+            elif lrow[r] == 0.0 or mrow[r] == ninf:  # no key in this row
+                _zero(o1, i * d, d)
+                m1[i] = ninf
+            else:
+                m1[i] = mrow[r] / unit + math.log(lrow[r])
+        return
     for r in range(rows):
         i = base + qmap[x0 + r]
         if last:
