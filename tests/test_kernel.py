@@ -323,6 +323,7 @@ def test_plan_can_be_passed_and_mode_must_agree():
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("name, n, params, block", [
     ("strided", 45, {"stride": 6}, 8),
+    ("strided", 600, {"stride": 9}, 4),  # residue piece in several backward work items
     ("fixed", 130, {"stride": 16, "c": 4}, 8),  # columns of more than one chunk of tiles
 ])
 def test_backward_matches_dense_reference(mode, dtype, name, n, params, block):
@@ -336,6 +337,39 @@ def test_backward_matches_dense_reference(mode, dtype, name, n, params, block):
     for g, w in zip(got, want, strict=True):
         assert g.dtype == dtype
         np.testing.assert_allclose(g, w, **TOL[dtype])
+
+
+@pytest.mark.parametrize("n, stride, block", [(600, 9, 4), (3000, 37, 32), (200, 16, 32)])
+def test_backward_items_are_closed_under_the_tiles(n, stride, block):
+    """The backward's work items of a residue piece: disjoint block ranges that every
+    tile of the piece lies within (query and key block in one item), whose positions,
+    in copy order, are each range's positions once, in runs of grid rows and class
+    by class (as the forward's copies); the natural-order piece has none."""
+    from sparse_patterns.kernels.cpu import _COPY_RUN, _backward_items
+
+    pl = plan(sps.make("strided", n, stride=stride), mode="merged", block=block)
+    item_ptr, items, order, most = _backward_items(pl)
+    kinds = list(pl.piece_kind)
+    assert item_ptr[kinds.index("identity") + 1] == item_ptr[kinds.index("identity")]
+    p = kinds.index(f"residue({stride})")
+    mine = items[item_ptr[p]: item_ptr[p + 1]]
+    assert len(mine) >= 1
+    nb = pl.nb
+    t0, t1 = pl.tile_ptr[p * nb], pl.tile_ptr[(p + 1) * nb]
+    rows, cols = pl.tile_rows()[t0:t1], pl.tile_col[t0:t1]
+    item_of = np.full(nb, -1)
+    for w, (b0, b1, o0) in enumerate(mine):
+        assert (item_of[b0:b1] == -1).all()  # disjoint
+        item_of[b0:b1] = w
+        x = order[o0: o0 + min(n, b1 * block) - b0 * block]
+        np.testing.assert_array_equal(np.sort(x), np.arange(b0 * block, min(n, b1 * block)))
+        assert most >= x.size
+        tok = pl.qperm[p][x]
+        run = tok // (_COPY_RUN * stride)
+        assert (np.diff(run) >= 0).all()  # runs of grid rows, one after another
+        same = np.diff(run) == 0
+        assert (np.diff(x)[same] > 0).all()  # within a run: by position (class by class)
+    assert (item_of[rows] >= 0).all() and (item_of[rows] == item_of[cols]).all()
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

@@ -1097,12 +1097,15 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
 
 # --------------------------------------------------------------------- backward
 @numba.njit(cache=True, fastmath=_FM)
-def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, J, scale, qperm, kperm,
+def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, pp, J, scale, qperm, kperm,
             col_ptr, col_tile, tile_row, tile_mask, masks, block, chunk, precise, kc, vc, qc, doc, lc,
             dc, sbuf, dpbuf, dkacc, dvacc, dqc, rowsrc, qstart, qstep, qf, dof,
             dqf):  # pragma: no cover - compiled
     """Key block ``J`` of piece ``p`` for one (batch, head): dk, dv of its keys and the
     dq contributions of every query row of its tiles, from the saved log-sum-exp.
+    Position ``x`` of the piece's order is row ``base + kperm[pp, x]`` (keys) and
+    ``base + qperm[pp, x]`` (queries) of the arrays; ``delta`` is indexed by
+    ``row - base``.
 
     Row-major buffers, BLAS ``gemm`` in column-major terms (``C^T = B^T A^T``): the
     products accumulate into ``dk`` and ``dv`` with ``beta = 1`` and carry the score
@@ -1121,7 +1124,7 @@ def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, J, scale, qperm,
     kt = kc[cols * d: 2 * cols * d]  # K^T and V^T (d x cols): NN score products
     vt = vc[: cols * d]
     for x in range(cols):
-        src = base + kperm[p, J * block + x]
+        src = base + kperm[pp, J * block + x]
         _copy(kv, x * d, k2, src * d, d)
         rowsrc[x] = src * d  # (row offsets for the transposes; rowsrc is reused below)
     if cols % 16 == 0 and d % 16 == 0:
@@ -1131,7 +1134,7 @@ def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, J, scale, qperm,
                 _transpose16(v2, rowsrc, x0, c0, vt, c0 * cols + x0, cols)
     else:
         for x in range(cols):
-            src = base + kperm[p, J * block + x]
+            src = base + kperm[pp, J * block + x]
             for c in range(d):
                 kt[c * cols + x] = k2[src, c]
                 vt[c * cols + x] = v2[src, c]
@@ -1142,18 +1145,18 @@ def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, J, scale, qperm,
         # the chunk's query rows: used in place when its query blocks are one run of
         # consecutive tokens (a natural-order piece), else gathered
         I0 = tile_row[col_tile[a0]]
-        run = qstep[p, I0] == 1
+        run = qstep[pp, I0] == 1
         for a in range(a0 + 1, a1):
             I = tile_row[col_tile[a]]
-            if (I != I0 + (a - a0) or qstep[p, I] != 1
-                    or qstart[p, I] != qstart[p, I0] + (I - I0) * block):
+            if (I != I0 + (a - a0) or qstep[pp, I] != 1
+                    or qstart[pp, I] != qstart[pp, I0] + (I - I0) * block):
                 run = False
         m = 0
         for a in range(a0, a1):
             I = tile_row[col_tile[a]]
             rows = min(block, n - I * block)
             for r in range(rows):
-                src = base + qperm[p, I * block + r]
+                src = base + qperm[pp, I * block + r]
                 rowsrc[m + r] = src
                 if not run:
                     _copy(qc, (m + r) * d, q2, src * d, d)
@@ -1162,7 +1165,7 @@ def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, J, scale, qperm,
                 dc[m + r] = delta[src - base]
             m += rows
         if run:
-            qa, doa, qoff = qf, dof, (base + qstart[p, I0]) * d
+            qa, doa, qoff = qf, dof, (base + qstart[pp, I0]) * d
         else:
             qa, doa, qoff = qc, doc, 0
         # s (m x cols) = scale Q K^T, in base-2 units for float32
@@ -1207,7 +1210,7 @@ def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, J, scale, qperm,
                 for c in range(d):
                     dq[dst, c] += dqc[r * d + c]
     for x in range(cols):
-        dst = base + kperm[p, J * block + x]
+        dst = base + kperm[pp, J * block + x]
         for c in range(d):
             dk[dst, c] += dkacc[x * d + c]
             dv[dst, c] += dvacc[x * d + c]
@@ -1216,14 +1219,26 @@ def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, J, scale, qperm,
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
 def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group, qperm, kperm,
               col_ptr, col_tile, tile_row, tile_mask, masks, block, chunk, precise,
-              qstart, qstep):  # pragma: no cover - compiled
+              qstart, qstep, item_ptr, items, item_order, item_rows):  # pragma: no cover - compiled
+    """Every (batch, head) in parallel. A piece with work items (``items[item_ptr[p]:
+    item_ptr[p + 1]]``, ranges of its blocks that its tiles do not leave, see
+    :func:`_backward_items`) has each item's q, dO, k, v rows and softmax statistics
+    copied into buffers in the piece's order (the positions taken in the order
+    ``item_order``, as the forward's copies), its gradients accumulated there in
+    place (every block a run) and added back to their rows once; the others gather
+    the query rows of each chunk of tiles."""
     _wide()
     d = q2.shape[1]
     qf, dof, dqf = q2.reshape(q2.size), do2.reshape(do2.size), dq.reshape(dq.size)
+    kf, vf = k2.reshape(k2.size), v2.reshape(v2.size)
     n = q2.shape[0] // BH
     nb = (n + block - 1) // block
     P = piece_group.size
     dt = q2.dtype
+    # the piece's order inside an item's buffers: position x is row x - x0
+    ident = np.arange(n, dtype=qperm.dtype).reshape((1, n))
+    istart = (np.arange(nb, dtype=qstart.dtype) * block).reshape((1, nb))
+    istep = np.ones((1, nb), dtype=qstep.dtype)
     for bh in prange(BH):
         base = bh * n
         g = (bh % H) % G
@@ -1249,14 +1264,105 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
         dvacc = _aligned(block * d, q2)
         dqc = _aligned(chunk * block * d, q2)
         rowsrc = np.empty(chunk * block, np.int64)
+        # item buffers: q, dO, k, v, dq, dk, dv rows, lse and delta of one item
+        R = item_rows
+        ib = _aligned(7 * R * d, q2).reshape((7, R, d))
+        lq, ldo, lk, lv, ldq, ldk, ldv = ib[0], ib[1], ib[2], ib[3], ib[4], ib[5], ib[6]
+        ll = _aligned(R, q2)
+        ldl = np.empty(n, dt)
         for p in range(P):
             if piece_group[p] != g:
                 continue
-            for J in range(nb):
-                _kblock(q2, k2, v2, do2, l1, dl, dq, dk, dv, base, n, p, J, scale, qperm,
-                        kperm, col_ptr, col_tile, tile_row, tile_mask, masks, block, chunk,
-                        precise, kc, vc, qc, doc, lc, dc, sbuf, dpbuf, dkacc, dvacc, dqc,
-                        rowsrc, qstart, qstep, qf, dof, dqf)
+            if item_ptr[p] == item_ptr[p + 1]:
+                for J in range(nb):
+                    _kblock(q2, k2, v2, do2, l1, dl, dq, dk, dv, base, n, p, p, J, scale, qperm,
+                            kperm, col_ptr, col_tile, tile_row, tile_mask, masks, block, chunk,
+                            precise, kc, vc, qc, doc, lc, dc, sbuf, dpbuf, dkacc, dvacc, dqc,
+                            rowsrc, qstart, qstep, qf, dof, dqf)
+                continue
+            perm = qperm[p]  # = kperm[p] for a piece with items
+            for it in range(item_ptr[p], item_ptr[p + 1]):
+                b0, b1, o0 = items[it, 0], items[it, 1], items[it, 2]
+                x0 = b0 * block
+                x1 = min(n, b1 * block)
+                # one array at a time (interleaving the four thrashes the L1 sets)
+                for a in range(4):
+                    src = qf if a == 0 else (dof if a == 1 else (kf if a == 2 else vf))
+                    dst = ib[a].reshape(R * d)
+                    for t in range(o0, o0 + x1 - x0):
+                        x = item_order[t]
+                        _copy(dst, (x - x0) * d, src, (base + perm[x]) * d, d)
+                for t in range(o0, o0 + x1 - x0):
+                    x = item_order[t]
+                    ll[x - x0] = l1[base + perm[x]]
+                    ldl[x] = dl[perm[x]]
+                _zero(ldq.reshape(R * d), 0, (x1 - x0) * d)
+                _zero(ldk.reshape(R * d), 0, (x1 - x0) * d)
+                _zero(ldv.reshape(R * d), 0, (x1 - x0) * d)
+                for J in range(b0, b1):
+                    _kblock(lq, lk, lv, ldo, ll, ldl, ldq, ldk, ldv, -x0, n, p, 0, J, scale,
+                            ident, ident, col_ptr, col_tile, tile_row, tile_mask, masks, block,
+                            chunk, precise, kc, vc, qc, doc, lc, dc, sbuf, dpbuf, dkacc, dvacc,
+                            dqc, rowsrc, istart, istep, lq.reshape(R * d), ldo.reshape(R * d),
+                            ldq.reshape(R * d))
+                for a in range(3):  # the gradients added to their rows, one array at a time
+                    g2 = dq if a == 0 else (dk if a == 1 else dv)
+                    lg = ib[4 + a]
+                    for t in range(o0, o0 + x1 - x0):
+                        x = item_order[t]
+                        grow, lrow = g2[base + perm[x]], lg[x - x0]  # row views: vectorized
+                        for c in range(d):
+                            grow[c] += lrow[c]
+
+
+_ITEM_BLOCKS = 64  # blocks per backward work item (2,048 rows of 32 tokens)
+
+
+def _backward_items(plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Work items of the backward, ``(item_ptr int64 (P + 1,), items int64 (K, 3),
+    order int64, rows)``: for a piece whose query blocks are not runs of tokens and
+    whose query and key orders are one permutation (a ``residue(s)`` piece), ranges
+    ``[b0, b1)`` of its blocks that no tile leaves (merged from each tile's query and
+    key block), packed into items of about ``_ITEM_BLOCKS`` blocks; item ``w``'s
+    positions, in the order to copy them, are ``order[o0: o0 + rows_w]`` with
+    ``o0 = items[w, 2]`` (runs of grid rows, class by class, in a ``residue(s)``
+    piece: see :func:`_copy_orders`); ``rows``: the most rows of an item. Other
+    pieces get no items (they gather each chunk's query rows)."""
+    n, nb, block = plan.n, plan.nb, plan.block
+    qs = _block_steps(plan.qperm, block)[1]
+    residue = _residues(plan)
+    ptr, out, order, most = [0], [], [], 0
+    tile_row = plan.tile_rows()
+    for p in range(plan.num_pieces):
+        t0, t1 = plan.tile_ptr[p * nb], plan.tile_ptr[(p + 1) * nb]
+        ranges = []
+        if t1 > t0 and (qs[p] != 1).any() and np.array_equal(plan.qperm[p], plan.kperm[p]):
+            rows, cols = tile_row[t0:t1], plan.tile_col[t0:t1]
+            lo, hi = np.minimum(rows, cols), np.maximum(rows, cols) + 1
+            srt = np.argsort(lo, kind="stable")
+            for a, b in zip(lo[srt].tolist(), hi[srt].tolist(), strict=True):
+                if ranges and a < ranges[-1][1]:
+                    ranges[-1][1] = max(ranges[-1][1], b)
+                else:
+                    ranges.append([a, b])
+            if max(b - a for a, b in ranges) > 2 * _ITEM_BLOCKS:
+                ranges = []  # a range too large for one item's buffers
+        packed = []
+        for a, b in ranges:
+            if packed and b - packed[-1][0] <= _ITEM_BLOCKS:
+                packed[-1][1] = b
+            else:
+                packed.append([a, b])
+        width = _COPY_RUN * int(residue[p]) if residue[p] > 0 else 1
+        for a, b in packed:
+            x = np.arange(a * block, min(n, b * block))
+            out.append([a, b, sum(len(o) for o in order)])
+            order.append(x[np.lexsort((x, plan.qperm[p][x] // width))])
+            most = max(most, x.size)
+        ptr.append(len(out))
+    items = np.asarray(out, np.int64).reshape(-1, 3)
+    order = np.concatenate(order).astype(np.int64) if order else np.zeros(0, np.int64)
+    return np.asarray(ptr, np.int64), items, order, max(most, 1)
 
 
 # --------------------------------------------------------------------- BLAS threads
@@ -1419,5 +1525,6 @@ def backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np
                   plan.num_groups, plan.piece_group, plan.qperm, plan.kperm, col_ptr,
                   col_tile, tile_row, plan.tile_mask, plan.masks, plan.block, int(chunk),
                   q.dtype == np.float64,
-                  *plan.memo("cpu.qsteps", lambda: _block_steps(plan.qperm, plan.block)))
+                  *plan.memo("cpu.qsteps", lambda: _block_steps(plan.qperm, plan.block)),
+                  *plan.memo("cpu.backward_items", lambda: _backward_items(plan)))
     return dq, dk, dv
