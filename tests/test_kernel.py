@@ -228,14 +228,15 @@ def test_pv32_against_numpy(d, dtype):
     """The query-major ``O = diag(post) (diag(alpha) O + P V)`` of the fused path:
     each group of 4 queries adds exactly the key rows ``lo[g] .. hi[g]`` (an empty
     range, one row and the whole chunk included), for ``d`` of whole and partial
-    4-vector column blocks, ``O`` at an offset into a larger array."""
+    4-vector column blocks, ``O`` at an offset into a larger array, in place or
+    written to another array."""
     import numba
 
     from sparse_patterns.kernels.cpu import _pv32
 
     @numba.njit
-    def run(va, koff, st, obuf, ooff, alpha, post, lo, hi, d):
-        _pv32(va, koff, st, obuf, ooff, alpha, post, lo, hi, d)
+    def run(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff):
+        _pv32(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff)
 
     rng = np.random.default_rng(d)
     nk, koff, ooff = 96, 3 * d, 2 * d + 16
@@ -249,7 +250,7 @@ def test_pv32_against_numpy(d, dtype):
     lo = np.array([0, 10, 40, 95, 7, 0, 50, 20], np.int64)
     hi = np.array([96, 11, 40, 96, 60, 33, 90, 21], np.int64)
     out = obuf.copy()
-    run(va, koff, st, out, ooff, alpha, post, lo, hi, d)
+    run(va, koff, st, out, ooff, alpha, post, lo, hi, d, out, ooff)  # in place
     P = st.reshape(nk, 32).T.astype(np.float64)  # queries x keys
     keep = np.zeros((32, nk), bool)
     for g in range(8):
@@ -262,6 +263,11 @@ def test_pv32_against_numpy(d, dtype):
     untouched = np.ones(out.size, bool)
     untouched[ooff: ooff + 32 * d] = False
     np.testing.assert_array_equal(out[untouched], obuf[untouched])
+    src, dst = obuf.copy(), np.zeros(32 * d + 9, dtype)  # read from one array, written to another
+    run(va, koff, st, src, ooff, alpha, post, lo, hi, d, dst, 9)
+    np.testing.assert_array_equal(src, obuf)
+    np.testing.assert_array_equal(dst[9:], out[ooff: ooff + 32 * d])
+    assert not dst[:9].any()
 
 
 def test_group_rows_bound_what_each_query_group_sees():
@@ -526,3 +532,42 @@ def test_torch_tensors_in_and_out():
         np.testing.assert_allclose(out.float().numpy(), want, rtol=tol, atol=tol)
     with pytest.raises(ValueError, match="mix NumPy arrays and torch tensors"):
         attention(torch.from_numpy(q), k, v, pat)
+
+
+def test_forward_workspace_is_per_thread_and_released():
+    """The state between a group's pieces lives in a workspace of the calling thread:
+    calls from several threads at once (switching between their pieces) each get their
+    own result; a call of another size replaces it; ``release_workspace`` frees it."""
+    import sys
+    import threading
+
+    from sparse_patterns.kernels import cpu
+
+    pat = sps.make("strided", 512, stride=16)
+    assert len(plan(pat, mode="merged").piece_kind) == 2  # two pieces: the workspace is used
+    inputs = [qkv((1, 2, 512, 32), np.float32, seed=s) for s in range(4)]
+    want = [attention(*x, pat, mode="merged") for x in inputs]
+    got: dict[int, list] = {}
+
+    def work(i):
+        got[i] = [attention(*inputs[i], pat, mode="merged") for _ in range(4)]
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    for i in range(4):
+        for out in got[i]:
+            np.testing.assert_array_equal(out, want[i])
+    ws = cpu._WORKSPACE.state
+    assert ws.size == 2 * 512 * 32 and ws.dtype == np.float32
+    attention(*qkv((1, 1, 512, 32), np.float32), pat, mode="merged")
+    assert cpu._WORKSPACE.state.size == 512 * 32  # replaced for the new size
+    cpu.release_workspace()
+    assert cpu._WORKSPACE.state is None
