@@ -958,6 +958,16 @@ def _item_span(ptr: np.ndarray, tile_col: np.ndarray, seg: int) -> int:
 _COPY_RUN = 8  # rows of one residue class copied together (see _copy_orders)
 
 
+def _copy_order(x: np.ndarray, perm: np.ndarray, s: int) -> np.ndarray:
+    """Positions ``x`` of a piece in the order to copy their rows (tokens ``perm[x]``):
+    as given, except in a ``residue(s)`` piece (``s`` > 0), where they are taken
+    ``_COPY_RUN`` grid rows at a time and by position within those (see
+    :func:`_copy_orders`)."""
+    if s <= 0:
+        return x
+    return x[np.lexsort((x, perm[x] // (_COPY_RUN * s)))]
+
+
 def _copy_orders(plan, p: int, items: int, kperm_used: np.ndarray, s: int) -> tuple:
     """For piece ``p`` split in work items of ``items`` query blocks: what each item
     copies, ``(kx0, kptr, korder, qptr, qorder)``: item ``w``'s key positions are
@@ -976,7 +986,6 @@ def _copy_orders(plan, p: int, items: int, kperm_used: np.ndarray, s: int) -> tu
     n, nb, block = plan.n, plan.nb, plan.block
     ptr = plan.tile_ptr[p * nb: (p + 1) * nb + 1]
     qperm = plan.qperm[p]
-    width = _COPY_RUN * s if s > 0 else 1
     kx0, kptr, korder, qptr, qorder = [], [0], [], [0], []
     for I0 in range(0, nb, items):
         I1 = min(nb, I0 + items)
@@ -985,8 +994,7 @@ def _copy_orders(plan, p: int, items: int, kperm_used: np.ndarray, s: int) -> tu
         x1 = min(n, (int(cols.max()) + 1) * block) if cols.size else 0
         for lo, hi, perm, order, pointer in ((x0, x1, kperm_used, korder, kptr),
                                               (I0 * block, min(n, I1 * block), qperm, qorder, qptr)):
-            x = np.arange(lo, hi)
-            order.append(x[np.lexsort((x, perm[x] // width))])
+            order.append(_copy_order(np.arange(lo, hi), perm, s))
             pointer.append(pointer[-1] + hi - lo)
         kx0.append(x0)
     return tuple(np.asarray(a, np.int64) for a in (kx0, kptr, np.concatenate(korder), qptr,
@@ -1382,7 +1390,7 @@ def _backward_items(plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     n, nb, block = plan.n, plan.nb, plan.block
     qs = _block_steps(plan.qperm, block)[1]
     residue = _residues(plan)
-    ptr, out, order, most = [0], [], [], 0
+    ptr, out, order, most, at = [0], [], [], 0, 0
     tile_row = plan.tile_rows()
     for p in range(plan.num_pieces):
         t0, t1 = plan.tile_ptr[p * nb], plan.tile_ptr[(p + 1) * nb]
@@ -1404,12 +1412,11 @@ def _backward_items(plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
                 packed[-1][1] = b
             else:
                 packed.append([a, b])
-        width = _COPY_RUN * int(residue[p]) if residue[p] > 0 else 1
         for a, b in packed:
             x = np.arange(a * block, min(n, b * block))
-            out.append([a, b, sum(len(o) for o in order)])
-            order.append(x[np.lexsort((x, plan.qperm[p][x] // width))])
-            most = max(most, x.size)
+            out.append([a, b, at])
+            order.append(_copy_order(x, plan.qperm[p], int(residue[p])))
+            most, at = max(most, x.size), at + x.size
         ptr.append(len(out))
     items = np.asarray(out, np.int64).reshape(-1, 3)
     order = np.concatenate(order).astype(np.int64) if order else np.zeros(0, np.int64)
