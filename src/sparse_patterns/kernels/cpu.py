@@ -756,10 +756,8 @@ def _qblock(q1, k1, v1, o1, f1, m1, l1, base, kbase, n, d, p, I, scale, first, l
                 post[r] = 1.0
                 if final and lrow[r] != 0.0:
                     post[r] = 1.0 / lrow[r]
-            if final:  # normalized into the output
-                _pv32(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, f1, ooff)
-            else:
-                _pv32(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)
+            dst = f1 if final else ob  # normalized into the output, or the state in place
+            _pv32(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, dst, ooff)
         else:
             for r in range(rows):
                 a = alpha[r]
@@ -1148,10 +1146,11 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
                 _permute_rows(k1, plan.kperm, p, BH, rows, d, kp1)
                 _permute_rows(v1, plan.kperm, p, BH, rows, d, vp1)
             kq, vq = kp1, vp1
-        _forward_piece(q1, kq, vq, o1 if first and last else s1, o1, m1, l1, BH, H, d, scale, G, groups[p], p, first, last,
-                       plan.qperm, kperm_used, kt, ks, span, copies, plan.tile_ptr,
-                       plan.tile_col, plan.tile_mask, plan.masks, maskt, grows, fused, block, chunk,
-                       items, precise, numba.get_num_threads())
+        state = o1 if first and last else s1
+        _forward_piece(q1, kq, vq, state, o1, m1, l1, BH, H, d, scale, G, groups[p], p, first,
+                       last, plan.qperm, kperm_used, kt, ks, span, copies, plan.tile_ptr,
+                       plan.tile_col, plan.tile_mask, plan.masks, maskt, grows, fused, block,
+                       chunk, items, precise, numba.get_num_threads())
 
 
 # --------------------------------------------------------------------- backward
@@ -1388,7 +1387,7 @@ def _backward_items(plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     piece: see :func:`_copy_orders`); ``rows``: the most rows of an item. Other
     pieces get no items (they gather each chunk's query rows)."""
     n, nb, block = plan.n, plan.nb, plan.block
-    qs = _block_steps(plan.qperm, block)[1]
+    qs = plan.memo("cpu.qsteps", lambda: _block_steps(plan.qperm, block))[1]
     residue = _residues(plan)
     ptr, out, order, most, at = [0], [], [], 0, 0
     tile_row = plan.tile_rows()
