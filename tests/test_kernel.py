@@ -537,20 +537,21 @@ def test_torch_tensors_in_and_out():
 def test_forward_workspace_is_per_thread_and_released():
     """The state between a group's pieces lives in a workspace of the calling thread:
     calls from several threads at once (switching between their pieces) each get their
-    own result; a call of another size replaces it; ``release_workspace`` frees it."""
+    own result (each thread recycles its own arrays); ``release_workspace`` frees them."""
     import sys
     import threading
 
     from sparse_patterns.kernels import cpu
 
-    pat = sps.make("strided", 512, stride=16)
+    pat = sps.make("strided", 2048, stride=32)
     assert len(plan(pat, mode="merged").piece_kind) == 2  # two pieces: the workspace is used
-    inputs = [qkv((1, 2, 512, 32), np.float32, seed=s) for s in range(4)]
+    inputs = [qkv((1, 4, 2048, 32), np.float32, seed=s) for s in range(4)]  # 1 MiB: pooled
     want = [attention(*x, pat, mode="merged") for x in inputs]
     got: dict[int, list] = {}
 
-    def work(i):
-        got[i] = [attention(*inputs[i], pat, mode="merged") for _ in range(4)]
+    def work(i):  # each result dropped at once: its arrays are recycled by the next call
+        got[i] = [np.array_equal(attention(*inputs[i], pat, mode="merged"), want[i])
+                  for _ in range(6)]
 
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # switch threads as often as possible
@@ -562,12 +563,50 @@ def test_forward_workspace_is_per_thread_and_released():
             t.join()
     finally:
         sys.setswitchinterval(old)
-    for i in range(4):
-        for out in got[i]:
-            np.testing.assert_array_equal(out, want[i])
-    ws = cpu._WORKSPACE.state
-    assert ws.size == 2 * 512 * 32 and ws.dtype == np.float32
-    attention(*qkv((1, 1, 512, 32), np.float32), pat, mode="merged")
-    assert cpu._WORKSPACE.state.size == 512 * 32  # replaced for the new size
+    assert all(all(got[i]) for i in range(4))
     cpu.release_workspace()
-    assert cpu._WORKSPACE.state is None
+    assert cpu._WORKSPACE.pool == []
+
+
+def test_recycled_arrays_are_never_handed_out_while_referenced():
+    """The forward's output, its workspace and the backward's gradients come from a
+    per-thread pool: an array that anything still references (the result itself, a
+    view of it, a tensor made from it) is never handed out again; once dropped, its
+    memory is reused; ``release_workspace`` empties the pool."""
+    import torch
+
+    from sparse_patterns.kernels import cpu
+
+    cpu.release_workspace()
+    pat = sps.make("strided", 2048, stride=32)  # two pieces: output and workspace
+    x = qkv((1, 4, 2048, 64), np.float32)  # 2 MiB outputs: pooled
+    want = attention(*x, pat, mode="merged")
+    first = attention(*x, pat, mode="merged")
+    view = first[0, 1:3]
+    tensor = torch.from_numpy(first)
+    kept = first.copy()
+    ptr = first.ctypes.data
+    del first
+    later = [attention(*x, pat, mode="merged") for _ in range(3)]
+    assert all(o.ctypes.data != ptr for o in later)  # the view and the tensor hold it
+    np.testing.assert_array_equal(view, kept[0, 1:3])
+    np.testing.assert_array_equal(tensor.numpy(), kept)
+    for o in later:
+        np.testing.assert_array_equal(o, want)
+    assert len({o.ctypes.data for o in later}) == 3  # held: three arrays
+    del view, tensor
+    pool = cpu._WORKSPACE.pool
+    size = len(pool)
+    assert ptr in {a.ctypes.data for a in pool}
+    again = attention(*x, pat, mode="merged")
+    np.testing.assert_array_equal(again, want)
+    assert len(pool) == size  # nothing new: the freed array served (output or workspace)
+    del later
+    o, lse = attention(*x, pat, mode="merged", return_lse=True)
+    grads = attention_backward(*x, o, lse, np.ones_like(o), pat, mode="merged")
+    assert len({g.ctypes.data for g in grads} | {o.ctypes.data, again.ctypes.data}) == 5
+    assert len(cpu._WORKSPACE.pool) <= cpu._POOL_ARRAYS
+    small = attention(*qkv((1, 1, 2048, 64), np.float32), pat, mode="merged")  # 512 KiB
+    assert all(a.ctypes.data != small.ctypes.data for a in cpu._WORKSPACE.pool)
+    cpu.release_workspace()
+    assert cpu._WORKSPACE.pool == []

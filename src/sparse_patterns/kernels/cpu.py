@@ -4,8 +4,9 @@ Forward: the pieces of one softmax group continue a single online softmax per
 token (running max ``m``, running sum ``l``, unnormalized output), so no
 log-sum-exp merge is needed between them: the first piece of a group starts the
 state, the last one normalizes it into the output; in between, the unnormalized
-output rows live in a workspace of the calling thread, kept between calls. In
-parallel over (batch x head, run of query blocks), the scores of a query tile
+output rows live in a workspace. The workspace, the output and the backward's
+gradients are arrays recycled by the calling thread once nothing references them
+(:func:`_buffer`), not new pages each call. In parallel over (batch x head, run of query blocks), the scores of a query tile
 against a chunk of key tiles are computed transposed (keys x queries), the partial
 tiles masked, the online softmax updated with loops vectorized across the queries,
 and ``P V`` added into the tile's output rows. A piece whose blocks are not runs of
@@ -69,6 +70,7 @@ import contextlib
 import ctypes
 import math
 import os
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -1078,43 +1080,63 @@ def _group_rows(maskt: np.ndarray) -> np.ndarray:
 
 
 _WORKSPACE = threading.local()
+_POOL_ARRAYS = 8  # recycled arrays a thread keeps (the least recently used one goes)
+_POOL_MIN_BYTES = 1 << 20  # smaller arrays come from malloc, which recycles them itself
 
 
-def _workspace(like: np.ndarray) -> np.ndarray:
-    """An uninitialized array shaped and typed like ``like``, kept for the calling
-    thread until a call needs another size or :func:`release_workspace`.
+def _buffer(shape: tuple, dtype) -> np.ndarray:
+    """An uninitialized C-contiguous array: one of the calling thread's recycled
+    arrays of that size and dtype that nothing outside the pool references any more
+    (no array, view, tensor or buffer made from it is alive), else a new one, which
+    joins the pool.
 
-    The forward keeps the softmax state between the pieces of a group (the
-    unnormalized output rows) here rather than in the fresh output: the first piece
-    scatters it in runs of rows, which on new memory pays for the kernel zeroing each
-    page at its first touch (measured: the strided forward at n = 16,384 about 2%
-    faster, A/B interleaved). One array per Python thread, so concurrent calls from
-    several threads never share it."""
-    a = getattr(_WORKSPACE, "state", None)
-    if a is None or a.size != like.size or a.dtype != like.dtype:
-        _WORKSPACE.state = None  # free the old one before allocating
-        a = _WORKSPACE.state = np.empty_like(like)
-    return a
+    Why: an array of more than 32 MiB is a new ``mmap`` each time (glibc's malloc
+    recycles only smaller ones), and its first touch costs a page fault per page,
+    on this machine's virtual machine also the host's. For the strided forward at
+    n = 16,384 (32 MiB out) that was 5-6% of the call (A/B interleaved, 2 threads);
+    the backward's three gradients pay it three times. Recycling puts the kernel's
+    outputs on the footing that malloc gives smaller arrays. The pool keeps up to
+    ``_POOL_ARRAYS`` arrays of at least ``_POOL_MIN_BYTES`` per thread (per thread, so
+    concurrent calls never share one) until :func:`release_workspace`."""
+    dtype = np.dtype(dtype)
+    size = math.prod(shape)
+    if size * dtype.itemsize < _POOL_MIN_BYTES:
+        return np.empty(shape, dtype)
+    pool = getattr(_WORKSPACE, "pool", None)
+    if pool is None:
+        pool = _WORKSPACE.pool = []
+    for i in range(len(pool)):
+        a = pool[i]
+        # referenced by the pool, by ``a`` and by getrefcount's argument only
+        if a.size == size and a.dtype == dtype and sys.getrefcount(a) == 3:
+            pool.append(pool.pop(i))  # the most recently used last
+            return a.reshape(shape)
+    a = np.empty(size, dtype)
+    pool.append(a)
+    if len(pool) > _POOL_ARRAYS:
+        del pool[0]  # forgotten; freed unless its user still holds it
+    return a.reshape(shape)
 
 
 def release_workspace() -> None:
-    """Free the calling thread's forward workspace (an array the size of the last
-    output with more than one piece per softmax group); the next such call allocates
-    it again.
+    """Free the arrays that the calling thread keeps for reuse: the forward's
+    workspace and outputs of earlier calls that nothing references any more (the
+    forward and backward take their large arrays from a per-thread pool of up to
+    8 such arrays; see ``_buffer``). Arrays still in use are not touched.
 
     Examples
     --------
     >>> release_workspace()
     """
-    _WORKSPACE.state = None
+    _WORKSPACE.pool = []
 
 
 def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
     """``q1, k1, v1, o1``: flattened ``(B*H*n*d,)``; ``m1``: ``(B*H*n,)`` (becomes the
     log-sum-exp); head ``h`` uses group ``h % G``. The pieces of a group continue one
     online softmax per token, in the order of :func:`_forward_steps`; between them the
-    unnormalized output lives in this thread's :func:`_workspace`, and the last piece
-    writes the normalized output to ``o1``."""
+    unnormalized output lives in a workspace (from :func:`_buffer`), and the last
+    piece writes the normalized output to ``o1``."""
     ensure_blas()
     n, G, block = plan.n, plan.num_groups, plan.block
     groups = [int(g) for g in plan.piece_group]
@@ -1124,9 +1146,10 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
         o1.reshape(BH, -1)[empty] = 0.0
         m1.reshape(BH, -1)[empty] = -np.inf
     l1 = np.empty_like(m1)
-    # the unnormalized output between the pieces of a group: a workspace of this
-    # thread's, kept between calls (its pages already mapped), not the fresh output
-    s1 = _workspace(o1) if len(groups) > len(set(groups)) else o1
+    # the unnormalized output between the pieces of a group: a recycled array (its
+    # pages mapped), not the output, whose pages the first piece would touch in a
+    # scattered order (measured before the pool: 2% of the strided forward)
+    s1 = _buffer(o1.shape, o1.dtype) if len(groups) > len(set(groups)) else o1
     kp1 = vp1 = None
     # 32-token float32 tiles: scores, masks and column max in one pass (_scores32)
     fused = block == 32 and not precise
@@ -1527,8 +1550,9 @@ def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,
     """Forward kernel on C-contiguous float32 or float64 ``(B, H, n, d)`` arrays.
 
     Inputs are assumed validated (:func:`sparse_patterns.kernels.attention` does it).
-    Where a softmax group has more than one piece, the calling thread keeps a
-    workspace the size of ``q`` between calls (:func:`release_workspace` frees it).
+    The output, and where a softmax group has more than one piece a workspace the
+    size of ``q``, come from arrays that the calling thread recycles once nothing
+    references them (:func:`release_workspace` frees those it keeps).
 
     Returns
     -------
@@ -1548,7 +1572,7 @@ def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,
     ((1, 2, 16, 8), dtype('float64'))
     """
     B, H, n, d = q.shape
-    out = np.empty_like(q)
+    out = _buffer(q.shape, q.dtype)
     lse = np.empty(q.shape[:3], dtype=q.dtype)
     with single_threaded_blas(), _threads_for(plan.flops(B, H, d)[1]):
         _forward(q.reshape(-1), k.reshape(-1), v.reshape(-1), out.reshape(-1), lse.reshape(-1),
@@ -1575,7 +1599,7 @@ def backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np
     [(1, 2, 16, 8), (1, 2, 16, 8), (1, 2, 16, 8)]
     """
     B, H, n, d = q.shape
-    dq, dk, dv = np.empty_like(q), np.empty_like(q), np.empty_like(q)
+    dq, dk, dv = (_buffer(q.shape, q.dtype) for _ in range(3))
     col_ptr, col_tile = plan.column_index()
     tile_row = plan.tile_rows()
     with single_threaded_blas(), _threads_for(2.5 * plan.flops(B, H, d)[1]):
