@@ -1105,17 +1105,24 @@ def _buffer(shape: tuple, dtype) -> np.ndarray:
     pool = getattr(_WORKSPACE, "pool", None)
     if pool is None:
         pool = _WORKSPACE.pool = []
+    pad = 64 // dtype.itemsize
     for i in range(len(pool)):
-        a = pool[i]
-        # referenced by the pool, by ``a`` and by getrefcount's argument only
-        if a.size == size and a.dtype == dtype and sys.getrefcount(a) == 3:
+        raw = pool[i]
+        # referenced by the pool, by ``raw`` and by getrefcount's argument only (every
+        # view handed out refers to ``raw``, numpy's base of a view of a view)
+        if raw.size == size + pad and raw.dtype == dtype and sys.getrefcount(raw) == 3:
             pool.append(pool.pop(i))  # the most recently used last
-            return a.reshape(shape)
-    a = np.empty(size, dtype)
-    pool.append(a)
-    if len(pool) > _POOL_ARRAYS:
-        del pool[0]  # forgotten; freed unless its user still holds it
-    return a.reshape(shape)
+            break
+    else:
+        raw = np.empty(size + pad, dtype)
+        pool.append(raw)
+        if len(pool) > _POOL_ARRAYS:
+            del pool[0]  # forgotten; freed unless its user still holds it
+    # on a cache line: rows of the output and the workspace are read and written in
+    # 64-byte vectors, and a large np.empty starts 16 bytes into a line (the strided
+    # forward at n = 16,384: 3% faster aligned, A/B interleaved)
+    off = (-raw.ctypes.data % 64) // dtype.itemsize
+    return raw[off: off + size].reshape(shape)
 
 
 def release_workspace() -> None:
