@@ -183,14 +183,21 @@ def test_aligned_buffers_start_on_a_cache_line(dtype):
         assert a.sum() == size
 
 
-def test_exp32_matches_the_vectorized_loop_bit_for_bit():
+@pytest.mark.parametrize("avx512", [True, False])
+def test_exp32_matches_the_vectorized_loop_bit_for_bit(avx512, monkeypatch):
     """The register-kept exponential pass of the fused 32-token path gives the same
     bits as :func:`_exp_cols` (the path other tile sizes take), including a column
     whose max is ``-inf``, NaN and ``-inf`` scores, and exponents below float32's
-    normal range."""
+    normal range; with AVX-512's ``vscalefps`` and with the bit construction that
+    other CPUs get."""
     import numba
 
+    from sparse_patterns.kernels import cpu
     from sparse_patterns.kernels.cpu import _exp32, _exp_cols
+
+    if avx512 and not cpu._AVX512:
+        pytest.skip("this CPU has no AVX-512")
+    monkeypatch.setattr(cpu, "_AVX512", avx512)  # read when the function below compiles
 
     @numba.njit
     def fused(st, nk, cmax, csum):
@@ -205,7 +212,8 @@ def test_exp32_matches_the_vectorized_loop_bit_for_bit():
     st = (rng.standard_normal(nk * 32) * 40).astype(np.float32)
     st[rng.random(st.size) < 0.1] = -np.inf
     st[[5, 300, 1000]] = np.nan
-    st[[7, 64, 640]] = [-130.0, -126.5, -125.9]
+    # column 3 has no key so far (below): these are the exponents themselves
+    st[[3, 35, 67, 99, 131, 163]] = [-130.0, -126.5, -125.9, -149.7, -150.2, -np.inf]
     cmax = st.reshape(nk, 32).max(axis=0)  # NaN where a column has one
     cmax[[3, 17]] = -np.inf  # columns with no key so far
     cmax = cmax.astype(np.float32)
@@ -215,6 +223,7 @@ def test_exp32_matches_the_vectorized_loop_bit_for_bit():
     loop(b, nk, cmax, np.zeros(32, np.float32), sb)
     np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
     np.testing.assert_array_equal(sa.view(np.uint32), sb.view(np.uint32))
+    np.testing.assert_array_equal(a[[3, 35, 99, 131, 163]], 0.0)  # below 2**-126: 0
     finite = np.isfinite(st) & np.isfinite(cmax)[None, :].repeat(nk, 0).reshape(-1)
     with np.errstate(invalid="ignore"):  # inf - inf where not `finite`
         x = st - np.repeat(cmax[None, :], nk, 0).reshape(-1)  # the float32 difference
