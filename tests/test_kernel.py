@@ -454,16 +454,19 @@ def test_nan_and_inf_propagate_without_crashing():
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("block", [8, 32])
-def test_nan_key_poisons_only_the_rows_that_attend_it(block, dtype):
+@pytest.mark.parametrize("key", [10, 0])
+def test_nan_key_poisons_only_the_rows_that_attend_it(block, dtype, key):
     """A NaN key makes NaN exactly the rows whose pattern holds it: masking comes
     before the running max (a masked NaN score must not reach the softmax), also in
-    the fused 32-token float32 score pass."""
+    the fused 32-token float32 score pass; key 0 is row 0's only key (a row whose
+    every score is NaN is NaN, not a row without keys)."""
     pat = sps.make("strided", 64, stride=8)
     masks = attention_masks(pat, "merged", 1)[0]
     q, k, v = qkv((1, 1, 64, 64), dtype)
-    k[0, 0, 10, 3] = np.nan
-    out = attention(q, k, v, pat, mode="merged", block=block)
-    hit = masks[:, 10]
+    k[0, 0, key, 3] = np.nan
+    out, lse = attention(q, k, v, pat, mode="merged", block=block, return_lse=True)
+    hit = masks[:, key]
+    assert np.isnan(lse[0, 0, hit]).all() and not np.isnan(lse[0, 0, ~hit]).any()
     assert np.isnan(out[0, 0, hit]).all()
     ref, _ = attention_oracle(q, k, v, masks[None])
     np.testing.assert_allclose(out[0, 0, ~hit], ref[0, 0, ~hit], **TOL[dtype])

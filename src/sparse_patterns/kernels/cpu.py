@@ -545,8 +545,10 @@ def _scores32(typingctx, k, koff, qt, st, ntile, d, alpha, tmask, t0, maskt,
     ``st[j*32 + r] = alpha * sum_c k[koff + j*d + c] * qt[c*32 + r]`` (``qt``: ``Q^T``,
     ``d x 32``), accumulated for 8 keys x 32 queries in 16 vector registers; ``-inf``
     where tile ``t``'s transposed mask (bit ``r`` of ``maskt[tmask[t0 + t]*32 + key]``)
-    is unset, ``tmask < 0`` meaning a full tile; ``cmax[r]`` = max of itself and
-    column ``r`` (NaN if the column has one, as in :func:`_softmax_cols`).
+    is unset, ``tmask < 0`` meaning a full tile (no mask applied); ``cmax[r]`` = max
+    of itself and column ``r``, one ``vmaxps`` per vector. Unlike
+    :func:`_softmax_cols`, a NaN score need not leave a NaN max (``vmaxps`` keeps the
+    later operand): the row still ends NaN, as the NaN score's exponential is NaN.
     """
     def codegen(context, builder, signature, args):
         k_, koff_, qt_, st_, nt_, d_, alpha_, tm_, t0_, mt_, cm_ = args
@@ -593,18 +595,28 @@ def _scores32(typingctx, k, koff, qt, st, ntile, d, alpha, tmask, t0, maskt,
                         for h in range(2):
                             builder.store(builder.call(fma, [kv, q[h], builder.load(acc[jj][h])]),
                                           acc[jj][h])
-                for jj in range(_KEYS):
-                    w = builder.load(builder.gep(mp, [builder.add(mbase, i64(g * _KEYS + jj))]))
-                    w = builder.select(full, ir.Constant(w.type, -1), w)
-                    row = builder.mul(builder.add(jb, i64(jj)), i64(32))
-                    for h in range(2):
-                        s = builder.fmul(builder.load(acc[jj][h]), av)
-                        bits = builder.trunc(builder.lshr(w, ir.Constant(w.type, 16 * h)), ir.IntType(16))
-                        s = builder.select(builder.bitcast(bits, ir.VectorType(ir.IntType(1), 16)), s, ninf)
-                        m = builder.load(cm[h])
-                        take = builder.or_(builder.fcmp_ordered(">", s, m), builder.fcmp_unordered("uno", s, s))
-                        builder.store(builder.select(take, s, m), cm[h])
-                        builder.store(s, vec(sp, builder.add(row, i64(16 * h))), align=4)
+                def finish(masked, g=g, jb=jb):  # scale, mask (partial tiles only), max, store
+                    for jj in range(_KEYS):
+                        row = builder.mul(builder.add(jb, i64(jj)), i64(32))
+                        if masked:
+                            w = builder.load(builder.gep(mp, [builder.add(mbase, i64(g * _KEYS + jj))]))
+                        for h in range(2):
+                            s = builder.fmul(builder.load(acc[jj][h]), av)
+                            if masked:
+                                bits = builder.trunc(builder.lshr(w, ir.Constant(w.type, 16 * h)),
+                                                     ir.IntType(16))
+                                s = builder.select(builder.bitcast(bits, ir.VectorType(ir.IntType(1), 16)),
+                                                   s, ninf)
+                            m = builder.load(cm[h])
+                            # one vmaxps: m > s ? m : s, so s where either is NaN
+                            builder.store(builder.select(builder.fcmp_ordered(">", m, s), m, s), cm[h])
+                            builder.store(s, vec(sp, builder.add(row, i64(16 * h))), align=4)
+
+                with builder.if_else(full) as (whole, partial):
+                    with whole:
+                        finish(False)
+                    with partial:
+                        finish(True)
         for h in range(2):
             builder.store(builder.load(cm[h]), vec(cp, i64(16 * h)), align=4)
         return context.get_dummy_value()
@@ -800,7 +812,7 @@ def _qblock(q1, k1, v1, o1, f1, m1, l1, base, kbase, n, d, p, I, scale, first, l
             if not last:
                 m1[i] = mrow[r]
                 l1[i] = lrow[r]
-            elif lrow[r] == 0.0 or mrow[r] == ninf:  # no key in this row
+            elif lrow[r] == 0.0:  # no key in this row (NaN scores leave l NaN, not 0)
                 _zero(f1, i * d, d)
                 m1[i] = ninf
             else:
@@ -810,7 +822,7 @@ def _qblock(q1, k1, v1, o1, f1, m1, l1, base, kbase, n, d, p, I, scale, first, l
         i = base + qmap[x0 + r]
         if last:
             li = lrow[r]
-            if li == 0.0 or mrow[r] == ninf:  # no key in this row
+            if li == 0.0:  # no key in this row (NaN scores leave l NaN, not 0)
                 _zero(f1, i * d, d)
                 m1[i] = ninf
             else:
