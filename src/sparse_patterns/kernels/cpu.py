@@ -126,6 +126,31 @@ def _copy(typingctx, dst, doff, src, soff, count):  # pragma: no cover - compile
 
 
 @intrinsic
+def _copy_nt(typingctx, dst, doff, src, soff, count):  # pragma: no cover - compiled
+    """:func:`_copy` with non-temporal stores: ``count`` elements, a multiple of a
+    64-byte vector, to ``dst + doff``, which must start on a cache line. The lines are
+    written whole, without first being read into the cache (a normal store reads
+    each line it writes), and are not kept there."""
+    def codegen(context, builder, signature, args):
+        dst_, doff_, src_, soff_, count_ = args
+        dty, sty = signature.args[0], signature.args[2]
+        et = context.get_value_type(dty.dtype)
+        lanes = 64 // context.get_abi_sizeof(et)
+        vp = ir.VectorType(et, lanes).as_pointer()
+        dp = builder.gep(context.make_array(dty)(context, builder, dst_).data, [doff_])
+        sp = builder.gep(context.make_array(sty)(context, builder, src_).data, [soff_])
+        nontemporal = builder.module.add_metadata([ir.IntType(32)(1)])
+        step = ir.Constant(count_.type, lanes)
+        with cgutils.for_range(builder, builder.sdiv(count_, step)) as loop:
+            off = builder.mul(loop.index, step)
+            v = builder.load(builder.bitcast(builder.gep(sp, [off]), vp), align=4)
+            store = builder.store(v, builder.bitcast(builder.gep(dp, [off]), vp), align=64)
+            store.set_metadata("nontemporal", nontemporal)
+        return context.get_dummy_value()
+    return types.none(dst, doff, src, soff, count), codegen
+
+
+@intrinsic
 def _zero(typingctx, dst, doff, count):  # pragma: no cover - compiled
     """``dst[doff: doff + count] = 0`` as one ``memset`` (a float zero is all-zero bytes)."""
     def codegen(context, builder, signature, args):
@@ -914,6 +939,12 @@ def _forward_piece(q1, k1, v1, o1, f1, m1, l1, BH, H, d, scale, G, g, p, first, 
     wkl = _aligned(T * 2 * nkl * d, q1).reshape((T, 2, nkl * d))
     wql = _aligned(T * 2 * nql * d, q1).reshape((T, 2, nql * d))
     wml = _aligned(T * 2 * nql, q1).reshape((T, 2, nql))
+    # a work item's state goes back to rows of ``state`` scattered in runs of a few:
+    # where each row is whole cache lines, stored without reading them first (the
+    # strided forward at n = 16,384 2.3% faster, A/B; the next piece reads it again
+    # from memory either way)
+    state = f1 if last else o1
+    whole_lines = (d * state.itemsize) % 64 == 0 and state.ctypes.data % 64 == 0
     for w in prange(BH * nseg):
         bh = w // nseg
         if (bh % H) % G != g:
@@ -962,7 +993,10 @@ def _forward_piece(q1, k1, v1, o1, f1, m1, l1, BH, H, d, scale, G, g, p, first, 
             for t in range(qptr[it], qptr[it + 1]):
                 y = qorder[t]
                 i = base + qp[y]
-                _copy(f1 if last else o1, i * d, ol, (y - y0) * d, d)
+                if whole_lines:
+                    _copy_nt(state, i * d, ol, (y - y0) * d, d)
+                else:
+                    _copy(state, i * d, ol, (y - y0) * d, d)
                 m1[i] = ml[y - y0]
                 l1[i] = ll[y - y0]
         else:
