@@ -568,17 +568,17 @@ def test_torch_tensors_in_and_out():
         attention(torch.from_numpy(q), k, v, pat)
 
 
-def test_forward_workspace_is_per_thread_and_released():
-    """The state between a group's pieces lives in a workspace of the calling thread:
-    calls from several threads at once (switching between their pieces) each get their
-    own result (each thread recycles its own arrays); ``release_workspace`` frees them."""
+def test_recycled_arrays_are_per_thread_and_released():
+    """Each thread recycles its own outputs (where the state between a group's
+    pieces also lives): calls from several threads at once, switching between their
+    pieces, each get their own result; ``release_workspace`` frees the arrays."""
     import sys
     import threading
 
     from sparse_patterns.kernels import cpu
 
     pat = sps.make("strided", 2048, stride=32)
-    assert len(plan(pat, mode="merged").piece_kind) == 2  # two pieces: the workspace is used
+    assert len(plan(pat, mode="merged").piece_kind) == 2  # two pieces: state between them
     inputs = [qkv((1, 4, 2048, 32), np.float32, seed=s) for s in range(4)]  # 1 MiB: pooled
     want = [attention(*x, pat, mode="merged") for x in inputs]
     got: dict[int, list] = {}
@@ -603,16 +603,16 @@ def test_forward_workspace_is_per_thread_and_released():
 
 
 def test_recycled_arrays_are_never_handed_out_while_referenced():
-    """The forward's output, its workspace and the backward's gradients come from a
-    per-thread pool: an array that anything still references (the result itself, a
-    view of it, a tensor made from it) is never handed out again; once dropped, its
-    memory is reused; ``release_workspace`` empties the pool."""
+    """The forward's output and the backward's gradients come from a per-thread
+    pool: an array that anything still references (the result itself, a view of it,
+    a tensor made from it) is never handed out again; once dropped, its memory is
+    reused; ``release_workspace`` empties the pool."""
     import torch
 
     from sparse_patterns.kernels import cpu
 
     cpu.release_workspace()
-    pat = sps.make("strided", 2048, stride=32)  # two pieces: output and workspace
+    pat = sps.make("strided", 2048, stride=32)  # two pieces
     x = qkv((1, 4, 2048, 64), np.float32)  # 2 MiB outputs: pooled
     want = attention(*x, pat, mode="merged")
     # pooled arrays start on cache lines: the residue piece writes its state back
@@ -638,7 +638,7 @@ def test_recycled_arrays_are_never_handed_out_while_referenced():
     assert any(0 <= ptr - a.ctypes.data < 64 for a in pool)  # kept (on a cache line inside)
     again = attention(*x, pat, mode="merged")
     np.testing.assert_array_equal(again, want)
-    assert len(pool) == size  # nothing new: the freed array served (output or workspace)
+    assert len(pool) == size  # nothing new: the freed array served
     del later
     o, lse = attention(*x, pat, mode="merged", return_lse=True)
     grads = attention_backward(*x, o, lse, np.ones_like(o), pat, mode="merged")

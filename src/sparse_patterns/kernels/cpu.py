@@ -4,10 +4,10 @@ Forward: the pieces of one softmax group continue a single online softmax per
 token (running max ``m``, running sum ``l``, unnormalized output), so no
 log-sum-exp merge is needed between them: the first piece of a group starts the
 state, the last one normalizes it into the output; in between, the unnormalized
-output rows live in a workspace. The workspace, the output and the backward's
-gradients are arrays recycled by the calling thread once nothing references them
-(:func:`_buffer`), not new pages each call. In parallel over (batch x head, run of query blocks), the scores of a query tile
-against a chunk of key tiles are computed transposed (keys x queries), the partial
+output rows live in the output's own rows. The output and the backward's gradients
+are arrays recycled by the calling thread once nothing references them
+(:func:`_buffer`), not new pages each call. In parallel over (batch x head, run of
+query blocks), the scores of a query tile against a chunk of key tiles are computed transposed (keys x queries), the partial
 tiles masked, the online softmax updated with loops vectorized across the queries,
 and ``P V`` added into the tile's output rows. A piece whose blocks are not runs of
 consecutive tokens (a ``residue(s)`` order) has each work item copy its queries,
@@ -1189,7 +1189,7 @@ def _buffer(shape: tuple, dtype) -> np.ndarray:
         pool.append(raw)
         if len(pool) > _POOL_ARRAYS:
             del pool[0]  # forgotten; freed unless its user still holds it
-    # on a cache line: rows of the output and the workspace are read and written in
+    # on a cache line: rows of the output and the gradients are read and written in
     # 64-byte vectors, and a large np.empty starts 16 bytes into a line (the strided
     # forward at n = 16,384: 3% faster aligned, A/B interleaved)
     off = (-raw.ctypes.data % 64) // dtype.itemsize
@@ -1197,10 +1197,10 @@ def _buffer(shape: tuple, dtype) -> np.ndarray:
 
 
 def release_workspace() -> None:
-    """Free the arrays that the calling thread keeps for reuse: the forward's
-    workspace and outputs of earlier calls that nothing references any more (the
-    forward and backward take their large arrays from a per-thread pool of up to
-    8 such arrays; see ``_buffer``). Arrays still in use are not touched.
+    """Free the arrays that the calling thread keeps for reuse: outputs and
+    gradients of earlier calls that nothing references any more (the forward and
+    backward take their large arrays from a per-thread pool of up to 8 such arrays;
+    see ``_buffer``). Arrays still in use are not touched.
 
     Examples
     --------
@@ -1213,8 +1213,7 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
     """``q1, k1, v1, o1``: flattened ``(B*H*n*d,)``; ``m1``: ``(B*H*n,)`` (becomes the
     log-sum-exp); head ``h`` uses group ``h % G``. The pieces of a group continue one
     online softmax per token, in the order of :func:`_forward_steps`; between them the
-    unnormalized output lives in a workspace (from :func:`_buffer`), and the last
-    piece writes the normalized output to ``o1``."""
+    unnormalized output lives in ``o1``'s rows, which the last piece normalizes."""
     ensure_blas()
     n, G, block = plan.n, plan.num_groups, plan.block
     groups = [int(g) for g in plan.piece_group]
@@ -1224,10 +1223,6 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
         o1.reshape(BH, -1)[empty] = 0.0
         m1.reshape(BH, -1)[empty] = -np.inf
     l1 = np.empty_like(m1)
-    # the unnormalized output between the pieces of a group: a recycled array (its
-    # pages mapped), not the output, whose pages the first piece would touch in a
-    # scattered order (measured before the pool: 2% of the strided forward)
-    s1 = _buffer(o1.shape, o1.dtype) if len(groups) > len(set(groups)) else o1
     kp1 = vp1 = None
     # 32-token float32 tiles: scores, masks and column max in one pass (_scores32)
     fused = block == 32 and not precise
@@ -1238,7 +1233,7 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
         kq, vq = k1, v1
         if reorder is not None:  # the used key blocks put in the piece's order
             if kp1 is None:  # one buffer pair reused by the pieces
-                kp1, vp1 = np.empty_like(k1), np.empty_like(v1)
+                kp1, vp1 = _buffer(k1.shape, k1.dtype), _buffer(v1.shape, v1.dtype)
             s, rows = reorder
             if s > 0:
                 _permute_residue(k1, s, BH, n, d, kp1)
@@ -1247,8 +1242,7 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
                 _permute_rows(k1, plan.kperm, p, BH, rows, d, kp1)
                 _permute_rows(v1, plan.kperm, p, BH, rows, d, vp1)
             kq, vq = kp1, vp1
-        state = o1 if first and last else s1
-        _forward_piece(q1, kq, vq, state, o1, m1, l1, BH, H, d, scale, G, groups[p], p, first,
+        _forward_piece(q1, kq, vq, o1, o1, m1, l1, BH, H, d, scale, G, groups[p], p, first,
                        last, plan.qperm, kperm_used, kt, ks, span, copies, plan.tile_ptr,
                        plan.tile_col, plan.tile_mask, plan.masks, maskt, grows, fused, block,
                        chunk, items, precise, numba.get_num_threads())
@@ -1628,8 +1622,7 @@ def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,
     """Forward kernel on C-contiguous float32 or float64 ``(B, H, n, d)`` arrays.
 
     Inputs are assumed validated (:func:`sparse_patterns.kernels.attention` does it).
-    The output, and where a softmax group has more than one piece a workspace the
-    size of ``q``, come from arrays that the calling thread recycles once nothing
+    The output comes from arrays that the calling thread recycles once nothing
     references them (:func:`release_workspace` frees those it keeps).
 
     Returns
