@@ -362,6 +362,10 @@ def test_plan_can_be_passed_and_mode_must_agree():
     ("strided", 45, {"stride": 6}, 8),
     ("strided", 600, {"stride": 9}, 4),  # residue piece in several backward work items
     ("fixed", 130, {"stride": 16, "c": 4}, 8),  # columns of more than one chunk of tiles
+    # 32-key blocks: float32 masks and exponentials in one pass (_exp_rows32); n not a
+    # multiple of 32, so the last block takes the loops
+    ("strided", 200, {"stride": 16}, 32),
+    ("fixed", 300, {"stride": 32, "c": 4}, 32),
 ])
 def test_backward_matches_dense_reference(mode, dtype, name, n, params, block):
     pat = sps.make(name, n, **params)

@@ -403,28 +403,56 @@ def _splat(builder, x, vt):
                                                     [0] * vt.count))
 
 
+def _emit_exp2(builder, x):
+    """IR for :func:`_exp2f` on a vector of 16 float32 ``x``: the same operations, so
+    the same bits. On AVX-512, ``vscalefps`` applies ``2**n`` (one instruction for
+    the four of the bit construction, the same single rounding) and propagates NaN
+    itself. The clamp stays at -126: an exponent that underflows (2**-150 for a
+    masked score) costs a microcode assist per vector, which made the strided
+    forward 1.5x slower."""
+    vt = x.type
+    mod = builder.module
+    i32 = ir.IntType(32)
+    it = ir.VectorType(i32, 16)
+    fma = cgutils.get_or_insert_function(mod, ir.FunctionType(vt, [vt] * 3), "llvm.fma.v16f32")
+    rint = cgutils.get_or_insert_function(mod, ir.FunctionType(vt, [vt]), "llvm.rint.v16f32")
+
+    def const(v):
+        return ir.Constant(vt, [float(v)] * 16)
+
+    lo = const(-126.0)
+    below = builder.fcmp_ordered("<", x, lo)
+    xc = builder.select(below, lo, x)  # NaN stays NaN
+    nf = builder.call(rint, [xc])
+    r = builder.fsub(xc, nf)
+    y = const(_EXP2_POLY[0])
+    for c in _EXP2_POLY[1:]:
+        y = builder.call(fma, [y, r, const(c)])
+    if _AVX512:
+        scalef = cgutils.get_or_insert_function(
+            mod, ir.FunctionType(vt, [vt, vt, vt, ir.IntType(16), i32]),
+            "llvm.x86.avx512.mask.scalef.ps.512")
+        y = builder.call(scalef, [y, nf, const(0.0), ir.IntType(16)(-1), i32(4)])
+        return builder.select(below, const(0.0), y)
+    e = builder.shl(builder.add(builder.fptosi(nf, it), ir.Constant(it, [127] * 16)),
+                    ir.Constant(it, [23] * 16))
+    y = builder.fmul(y, builder.bitcast(e, vt))
+    other = builder.select(builder.fcmp_unordered("uno", x, x), x, const(0.0))
+    return builder.select(builder.fcmp_ordered(">=", x, lo), y, other)
+
+
 @intrinsic
 def _exp32(typingctx, st, nk, cmax, csum):  # pragma: no cover - compiled
     """:func:`_exp_cols` for 32 float32 queries, the shifts and sums kept in registers:
     ``st[j*32 + r] = 2**(st[j*32 + r] - cmax[r])`` (0 where ``cmax[r]`` is ``-inf``),
-    ``csum[r]`` = column sums. The same operations as :func:`_exp2f`, so the same bits;
-    on AVX-512, ``vscalefps`` applies ``2**n`` (one instruction for the four of the
-    bit construction, the same single rounding) and propagates NaN itself. The clamp
-    stays at -126: an exponent that underflows (2**-150 for a masked score) costs a
-    microcode assist per vector, which made the strided forward 1.5x slower."""
+    ``csum[r]`` = column sums. The same bits as :func:`_exp2f` (see :func:`_emit_exp2`)."""
     def codegen(context, builder, signature, args):
         st_, nk_, cm_, cs_ = args
         sp, cp, op = (context.make_array(signature.args[i])(context, builder, v).data
                       for i, v in ((0, st_), (2, cm_), (3, cs_)))
-        f32 = ir.FloatType()
-        i32 = ir.IntType(32)
-        vt = ir.VectorType(f32, 16)
-        it = ir.VectorType(i32, 16)
+        vt = ir.VectorType(ir.FloatType(), 16)
         vp = vt.as_pointer()
         i64 = ir.IntType(64)
-        mod = builder.module
-        fma = cgutils.get_or_insert_function(mod, ir.FunctionType(vt, [vt] * 3), "llvm.fma.v16f32")
-        rint = cgutils.get_or_insert_function(mod, ir.FunctionType(vt, [vt]), "llvm.rint.v16f32")
 
         def const(x):
             return ir.Constant(vt, [float(x)] * 16)
@@ -432,12 +460,6 @@ def _exp32(typingctx, st, nk, cmax, csum):  # pragma: no cover - compiled
         def vec(ptr, off):
             return builder.bitcast(builder.gep(ptr, [off]), vp)
 
-        lo = const(-126.0)
-        scalef = None
-        if _AVX512:  # y 2**n in one instruction, which propagates NaN
-            scalef = cgutils.get_or_insert_function(
-                mod, ir.FunctionType(vt, [vt, vt, vt, ir.IntType(16), i32]),
-                "llvm.x86.avx512.mask.scalef.ps.512")
         msub, acc = [], []
         for h in range(2):
             m = builder.load(vec(cp, i64(16 * h)), align=4)
@@ -449,29 +471,48 @@ def _exp32(typingctx, st, nk, cmax, csum):  # pragma: no cover - compiled
             row = builder.mul(loop.index, i64(32))
             for h in range(2):
                 ptr = vec(sp, builder.add(row, i64(16 * h)))
-                x = builder.fsub(builder.load(ptr, align=4), msub[h])
-                below = builder.fcmp_ordered("<", x, lo)
-                xc = builder.select(below, lo, x)  # NaN stays NaN
-                nf = builder.call(rint, [xc])
-                r = builder.fsub(xc, nf)
-                y = const(_EXP2_POLY[0])
-                for c in _EXP2_POLY[1:]:
-                    y = builder.call(fma, [y, r, const(c)])
-                if scalef is not None:
-                    y = builder.call(scalef, [y, nf, const(0.0), ir.IntType(16)(-1), i32(4)])
-                    y = builder.select(below, const(0.0), y)
-                else:
-                    e = builder.shl(builder.add(builder.fptosi(nf, it), ir.Constant(it, [127] * 16)),
-                                    ir.Constant(it, [23] * 16))
-                    y = builder.fmul(y, builder.bitcast(e, vt))
-                    other = builder.select(builder.fcmp_unordered("uno", x, x), x, const(0.0))
-                    y = builder.select(builder.fcmp_ordered(">=", x, lo), y, other)
+                y = _emit_exp2(builder, builder.fsub(builder.load(ptr, align=4), msub[h]))
                 builder.store(y, ptr, align=4)
                 builder.store(builder.fadd(builder.load(acc[h]), y), acc[h])
         for h in range(2):
             builder.store(builder.load(acc[h]), vec(op, i64(16 * h)), align=4)
         return context.get_dummy_value()
     return types.none(st, nk, cmax, csum), codegen
+
+
+@intrinsic
+def _exp_rows32(typingctx, s, m, lc, bits):  # pragma: no cover - compiled
+    """The backward's probabilities for ``m`` rows of 32 float32 scores (row-major
+    ``s``): ``s[r*32 + c] = 2**(s[r*32 + c] - lc[r])`` where bit ``c`` of ``bits[r]``
+    is set, else 0 (a masked key, or a row with no key, ``bits[r] = 0``). What the
+    mask and :func:`_exp2f` loops do, in one pass with the same bits (masked scores
+    there are ``-inf``, whose exponential is 0). Float32 only: for another dtype (a
+    call the caller never reaches, but which numba still compiles) it does nothing."""
+    def codegen(context, builder, signature, args):
+        s_, m_, lc_, b_ = args
+        if context.get_value_type(signature.args[0].dtype) != ir.FloatType():
+            return context.get_dummy_value()
+        sp, lp, bp = (context.make_array(signature.args[i])(context, builder, v).data
+                      for i, v in ((0, s_), (2, lc_), (3, b_)))
+        vt = ir.VectorType(ir.FloatType(), 16)
+        i64 = ir.IntType(64)
+        zero = ir.Constant(vt, [0.0] * 16)
+        with cgutils.for_range(builder, m_) as loop:
+            r = loop.index
+            lr = builder.load(builder.gep(lp, [r]))
+            lr = builder.select(builder.fcmp_ordered("==", lr, ir.Constant(lr.type, float("-inf"))),
+                                ir.Constant(lr.type, 0.0), lr)  # such a row's bits are 0
+            shift = _splat(builder, lr, vt)
+            w = builder.load(builder.gep(bp, [r]))
+            for h in range(2):
+                ptr = builder.bitcast(builder.gep(sp, [builder.add(builder.mul(r, i64(32)), i64(16 * h))]),
+                                      vt.as_pointer())
+                y = _emit_exp2(builder, builder.fsub(builder.load(ptr, align=4), shift))
+                keep = builder.trunc(builder.lshr(w, ir.Constant(w.type, 16 * h)), ir.IntType(16))
+                y = builder.select(builder.bitcast(keep, ir.VectorType(ir.IntType(1), 16)), y, zero)
+                builder.store(y, ptr, align=4)
+        return context.get_dummy_value()
+    return types.none(s, m, lc, bits), codegen
 
 
 _PV_QUERIES = 4  # queries per register block of _pv32 (x 4 vectors = 16 accumulators)
@@ -1251,7 +1292,7 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
 # --------------------------------------------------------------------- backward
 @numba.njit(cache=True, fastmath=_FM)
 def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, pp, J, scale, qperm, kperm,
-            col_ptr, col_tile, tile_row, tile_mask, masks, block, chunk, precise, kc, vc, qc, doc, lc,
+            col_ptr, col_tile, tile_row, tile_mask, masks, block, chunk, precise, kc, vc, qc, doc, lc, mbits,
             dc, sbuf, dpbuf, dkacc, dvacc, dqc, rowsrc, qstart, qstep, qf, dof,
             dqf):  # pragma: no cover - compiled
     """Key block ``J`` of piece ``p`` for one (batch, head): dk, dv of its keys and the
@@ -1324,15 +1365,29 @@ def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, pp, J, scale, qp
         # s (m x cols) = scale Q K^T, in base-2 units for float32
         _gemm(_N, _N, cols, m, d, scale * unit, kt, 0, cols, qa, qoff, d, 0.0, sbuf, 0, cols)
         s = sbuf[: m * cols].reshape((m, cols))
-        off = 0
-        for a in range(a0, a1):
-            t = col_tile[a]
-            rows = min(block, n - tile_row[t] * block)
-            mi = tile_mask[t]
-            if mi >= 0:
-                _mask_tile(s, off, rows, 0, cols, masks, mi)
-            off += rows
-        for r in range(m):
+        if cols == 32 and not precise:  # float32 rows of 32 keys: mask and exponential in one pass
+            off = 0
+            for a in range(a0, a1):
+                t = col_tile[a]
+                rows = min(block, n - tile_row[t] * block)
+                mi = tile_mask[t]
+                for r in range(rows):
+                    mbits[off + r] = (np.uint32(masks[mi, r, 0] & np.uint64(0xFFFFFFFF)) if mi >= 0
+                                      else np.uint32(0xFFFFFFFF))
+                    if lc[off + r] == ninf:
+                        mbits[off + r] = 0
+                off += rows
+            _exp_rows32(sbuf, m, lc, mbits)
+        else:
+            off = 0
+            for a in range(a0, a1):
+                t = col_tile[a]
+                rows = min(block, n - tile_row[t] * block)
+                mi = tile_mask[t]
+                if mi >= 0:
+                    _mask_tile(s, off, rows, 0, cols, masks, mi)
+                off += rows
+        for r in range(m if cols != 32 or precise else 0):
             lr = lc[r]
             if lr == ninf:
                 for c in range(cols):
@@ -1410,6 +1465,7 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
         qc = _aligned(chunk * block * d, q2)
         doc = _aligned(chunk * block * d, q2)
         lc = _aligned(chunk * block, q2)
+        mbits = np.empty(chunk * block, np.uint32)
         dc = _aligned(chunk * block, q2)
         sbuf = _aligned(chunk * block * block, q2)
         dpbuf = _aligned(chunk * block * block, q2)
@@ -1430,7 +1486,7 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                 for J in range(nb):
                     _kblock(q2, k2, v2, do2, l1, dl, dq, dk, dv, base, n, p, p, J, scale, qperm,
                             kperm, col_ptr, col_tile, tile_row, tile_mask, masks, block, chunk,
-                            precise, kc, vc, qc, doc, lc, dc, sbuf, dpbuf, dkacc, dvacc, dqc,
+                            precise, kc, vc, qc, doc, lc, mbits, dc, sbuf, dpbuf, dkacc, dvacc, dqc,
                             rowsrc, qstart, qstep, qf, dof, dqf)
                 continue
             perm = qperm[p]  # = kperm[p] for a piece with items
@@ -1455,7 +1511,7 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                 for J in range(b0, b1):
                     _kblock(lq, lk, lv, ldo, ll, ldl, ldq, ldk, ldv, -x0, n, p, 0, J, scale,
                             ident, ident, col_ptr, col_tile, tile_row, tile_mask, masks, block,
-                            chunk, precise, kc, vc, qc, doc, lc, dc, sbuf, dpbuf, dkacc, dvacc,
+                            chunk, precise, kc, vc, qc, doc, lc, mbits, dc, sbuf, dpbuf, dkacc, dvacc,
                             dqc, rowsrc, istart, istep, lq.reshape(R * d), ldo.reshape(R * d),
                             ldq.reshape(R * d))
                 for a in range(3):  # the gradients added to their rows, one array at a time
