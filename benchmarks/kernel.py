@@ -8,7 +8,9 @@ Usage::
 B=1, H=8, d=64, float32, ``mode="merged"``. Prints: fp32 ``torch.matmul`` throughput
 and torch SDPA ``is_causal=True`` at n=16,384; strided (l=128) and fixed (l=128,
 c=16) forward times, their speed-up over SDPA and their useful-FLOP throughput as
-a share of the matmul rate; the cost of going to n=65,536 with l=sqrt(n); the
+a share of the matmul rate (strided also with a new output array each call: the
+kernel recycles the arrays of outputs its caller dropped, see
+``sparse_patterns.kernels.cpu._buffer``); the cost of going to n=65,536 with l=sqrt(n); the
 forward's peak memory at 65,536 (a subprocess sampling its resident set); the
 backward/forward ratio; and the first-call (compile or cache load) time.
 
@@ -38,6 +40,7 @@ import numpy as np
 
 import sparse_patterns as sps
 from sparse_patterns.kernels import attention, attention_backward, plan
+from sparse_patterns.kernels.cpu import release_workspace
 
 __all__: list[str] = []
 
@@ -170,6 +173,11 @@ def main() -> None:
         "matmul": lambda: a @ a,
         "sdpa": lambda: sdpa(tq, tk, tv, is_causal=True),
         "strided": lambda: attention(q, k, v, strided, mode="merged", block=args.block),
+        # the same call with a new output array (the kernel otherwise recycles the
+        # previous call's, which the caller dropped): what the pages of a new 32 MiB
+        # array cost here
+        "strided_new_out": lambda: (release_workspace(),
+                                    attention(q, k, v, strided, mode="merged", block=args.block)),
         "fixed": lambda: attention(q, k, v, pats["fixed"], mode="merged", block=args.block),
         "backward": lambda: attention_backward(q, k, v, o, lse, do, strided, mode="merged",
                                                block=args.block),
@@ -198,6 +206,7 @@ def main() -> None:
     print(f"torch fp32 matmul 4096^2: {fig(mm_best, mm, '.0f')} GFLOP/s "
           f"(torch threads {torch_threads})")
     print(f"torch SDPA is_causal=True, n={n}: {fig(t['sdpa'].min() * 1e3, t['sdpa'] * 1e3, '.0f')} ms")
+    useful_strided = plans["strided"].flops(B, H, D)[0]
     for name, target in (("strided", 20), ("fixed", 5)):
         pl = plans[name]
         useful, _ = pl.flops(B, H, D)
@@ -208,6 +217,11 @@ def main() -> None:
               f"{fig(useful / b / 1e9 / mm_best * 100, useful / x / 1e9 / mm * 100, '.0f')}% of "
               f"matmul (target >= 40%); computed/useful {pl.ratio:.2f} "
               f"[{', '.join(pl.piece_kind)}]")
+    x = t["strided_new_out"]
+    print(f"strided  n={n}, new output array each call (recycling off): "
+          f"{fig(x.min() * 1e3, x * 1e3, '.1f')} ms = "
+          f"{fig(useful_strided / x.min() / 1e9 / mm_best * 100, useful_strided / x / 1e9 / mm * 100, '.0f')}% "
+          "of matmul")
     print(f"backward strided n={n}: {fig(t['backward'].min() * 1e3, t['backward'] * 1e3, '.0f')} ms = "
           f"{fig(t['backward'].min() / t['strided'].min(), t['backward'] / t['strided'], '.2f')}x "
           "forward (target <= 3x)")
