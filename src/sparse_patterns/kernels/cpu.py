@@ -7,11 +7,12 @@ state, the last one normalizes it into the output; in between, the unnormalized
 output rows live in the output's own rows. The output and the backward's gradients
 are arrays recycled by the calling thread once nothing references them
 (:func:`_buffer`), not new pages each call. In parallel over (batch x head, run of
-query blocks), the scores of a query tile against a chunk of key tiles are computed transposed (keys x queries), the partial
-tiles masked, the online softmax updated with loops vectorized across the queries,
-and ``P V`` added into the tile's output rows. A piece whose blocks are not runs of
-consecutive tokens (a ``residue(s)`` order) has each work item copy its queries,
-keys, values and softmax state into buffers of its own, one array at a time in
+query blocks), the scores of a query tile against a chunk of key tiles are
+computed transposed (keys x queries), the partial tiles masked, the online softmax
+updated with loops vectorized across the queries, and ``P V`` added into the
+tile's output rows. A piece whose blocks are not runs of consecutive tokens (a
+``residue(s)`` order) has each work item copy its queries, keys, values and
+softmax state into buffers of its own, one array at a time in
 the order of a per-plan schedule (:func:`_copy_orders`: runs of grid rows, class by
 class); if a work item's keys span much more than its queries (summary keys put
 first), the used key blocks are put in the piece's order once per call instead.
@@ -47,14 +48,19 @@ What decides the speed on a CPU without SVML (each measured, A/B in one process)
   max are one register-blocked pass (:func:`_scores32`, written in LLVM IR:
   8 keys x 32 queries in 16 vector registers, a partial tile's mask applied as
   vector lane masks from transposed query bits), as fast as the BLAS call alone,
-  and the exponentials another (:func:`_exp32`, sums kept in registers);
+  and the exponentials another (:func:`_exp32`, sums kept in registers; on
+  AVX-512 ``2**n`` applied by ``vscalefps``); the backward masks and exponentiates
+  its 32-key rows in one pass too (:func:`_exp_rows32`);
 * moving rows: tiles are transposed 16 x 16 in vector registers
   (:func:`_transpose16`, 6x faster than a scalar loop), rows are copied with
   ``memcpy`` (:func:`_copy`; numba's slice assignment of a 256-byte row is about
   15x slower), and the hot loops ask LLVM for 512-bit vectors (:func:`_wide`),
   which its tuning for AVX-512 CPUs otherwise avoids;
-* work buffers start on 64-byte boundaries (:func:`_aligned`), so vector accesses
-  do not straddle cache lines;
+* work buffers, outputs and gradients start on 64-byte boundaries
+  (:func:`_aligned`, :func:`_buffer`), so vector accesses do not straddle cache
+  lines; outputs and gradients are recycled arrays (:func:`_buffer`: a new 32 MiB
+  array costs its page faults, 5-6% of the strided forward here); a residue work
+  item stores its state back with non-temporal stores (:func:`_copy_nt`);
 * ``P V`` of 32-token float32 tiles is query-major (:func:`_pv32`): each group of 4
   queries only over the key rows it sees (a band's first and last tiles are half
   masked), with the online-softmax rescale, and the final normalization, in the same
@@ -229,7 +235,6 @@ def _mask_tile_t(st, c0, ncol, nrow, masks, mi):  # pragma: no cover - compiled
                 row[r] = row[r] if keep else ninf
 
 
-# Cephes' degree-6 polynomial for 2**r on [-1/2, 1/2], highest power first
 def _has_avx512() -> bool:
     """Whether numba compiles for a CPU with AVX-512F (its configured features, else
     the host's)."""
@@ -241,6 +246,7 @@ def _has_avx512() -> bool:
 
 
 _AVX512 = _has_avx512()
+# Cephes' degree-6 polynomial for 2**r on [-1/2, 1/2], highest power first
 _EXP2_POLY = (1.535336188319500e-4, 1.339887440266574e-3, 9.618437357674640e-3,
               5.550332471162809e-2, 2.402264791363012e-1, 6.931472028550421e-1, 1.0)
 
