@@ -1393,17 +1393,17 @@ def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, pp, J, scale, qp
                 if mi >= 0:
                     _mask_tile(s, off, rows, 0, cols, masks, mi)
                 off += rows
-        for r in range(m if cols != 32 or precise else 0):
-            lr = lc[r]
-            if lr == ninf:
-                for c in range(cols):
-                    s[r, c] = 0.0
-            elif precise:
-                for c in range(cols):
-                    s[r, c] = math.exp(s[r, c] - lr)
-            else:
-                for c in range(cols):
-                    s[r, c] = _exp2f(np.float32(s[r, c] - lr))
+            for r in range(m):
+                lr = lc[r]
+                if lr == ninf:
+                    for c in range(cols):
+                        s[r, c] = 0.0
+                elif precise:
+                    for c in range(cols):
+                        s[r, c] = math.exp(s[r, c] - lr)
+                else:
+                    for c in range(cols):
+                        s[r, c] = _exp2f(np.float32(s[r, c] - lr))
         # s now holds P: dv += P^T dO (cols x d)
         _gemm(_N, _T, d, cols, m, 1.0, doa, qoff, d, sbuf, 0, cols, 1.0, dvacc, 0, d)
         # dP (m x cols) = dO V^T; dS = P (dP - delta)
