@@ -733,7 +733,7 @@ def _exp_rows(x, rows, precise):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, fastmath=_FM)
-def _qblock(q1, k1, v1, o1, f1, m1, l1, base, kbase, n, d, p, I, scale, first, last, qmap, kperm_used,
+def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last, qmap, kperm_used,
             kstart, kstep, tile_ptr, tile_col, tile_mask, masks, maskt, grows, fused, block, chunk,
             precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff):  # pragma: no cover - compiled
     """Query block ``I`` of piece ``p`` for one (batch, head): continues the online
@@ -741,8 +741,8 @@ def _qblock(q1, k1, v1, o1, f1, m1, l1, base, kbase, n, d, p, I, scale, first, l
     is row ``base + qmap[x]`` of ``q1`` and of the state, and its key and value row
     ``kbase + kperm_used[x]``. Between pieces of one softmax group the state of each
     token lives in ``m1`` (running max), ``l1`` (running sum) and ``o1`` (unnormalized output);
-    the ``first`` piece of a group starts it, the ``last`` one normalizes into ``f1``
-    (the output; it may be ``o1``), ``m1`` becoming the log-sum-exp."""
+    the ``first`` piece of a group starts it, the ``last`` one normalizes ``o1`` into the
+    output in place, ``m1`` becoming the log-sum-exp."""
     _wide()
     nb = (n + block - 1) // block
     ninf = -np.inf
@@ -867,8 +867,7 @@ def _qblock(q1, k1, v1, o1, f1, m1, l1, base, kbase, n, d, p, I, scale, first, l
                 post[r] = 1.0
                 if final and lrow[r] != 0.0:
                     post[r] = 1.0 / lrow[r]
-            dst = f1 if final else ob  # normalized into the output, or the state in place
-            _pv32(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, dst, ooff)
+            _pv32(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)  # in place
         else:
             for r in range(rows):
                 a = alpha[r]
@@ -885,7 +884,7 @@ def _qblock(q1, k1, v1, o1, f1, m1, l1, base, kbase, n, d, p, I, scale, first, l
                 m1[i] = mrow[r]
                 l1[i] = lrow[r]
             elif lrow[r] == 0.0:  # no key in this row (NaN scores leave l NaN, not 0)
-                _zero(f1, i * d, d)
+                _zero(o1, i * d, d)
                 m1[i] = ninf
             else:
                 m1[i] = mrow[r] / unit + math.log(lrow[r])
@@ -895,11 +894,11 @@ def _qblock(q1, k1, v1, o1, f1, m1, l1, base, kbase, n, d, p, I, scale, first, l
         if last:
             li = lrow[r]
             if li == 0.0:  # no key in this row (NaN scores leave l NaN, not 0)
-                _zero(f1, i * d, d)
+                _zero(o1, i * d, d)
                 m1[i] = ninf
             else:
                 inv = 1.0 / li
-                dst = f1[i * d: (i + 1) * d]  # views: a loop over two offsets into flat
+                dst = o1[i * d: (i + 1) * d]  # views: a loop over two offsets into flat
                 src = obuf[r * d: (r + 1) * d]  # arrays is not vectorized, ~10x slower
                 for c in range(d):
                     dst[c] = src[c] * inv
@@ -956,7 +955,7 @@ def _permute_residue(x1, s, BH, n, d, out1):  # pragma: no cover - compiled
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
-def _forward_piece(q1, k1, v1, o1, f1, m1, l1, BH, H, d, scale, G, g, p, first, last, qperm,
+def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last, qperm,
                    kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col, tile_mask, masks,
                    maskt, grows, fused, block, chunk, seg, precise, T):  # pragma: no cover - compiled
     """Piece ``p`` (softmax group ``g``) of every (batch, head) whose group is ``g``.
@@ -986,12 +985,11 @@ def _forward_piece(q1, k1, v1, o1, f1, m1, l1, BH, H, d, scale, G, g, p, first, 
     wkl = _aligned(T * 2 * nkl * d, q1).reshape((T, 2, nkl * d))
     wql = _aligned(T * 2 * nql * d, q1).reshape((T, 2, nql * d))
     wml = _aligned(T * 2 * nql, q1).reshape((T, 2, nql))
-    # a work item's state goes back to rows of ``state`` scattered in runs of a few:
+    # a work item's state goes back to rows of ``o1`` scattered in runs of a few:
     # where each row is whole cache lines, stored without reading them first (the
     # strided forward at n = 16,384 2.3% faster, A/B; the next piece reads it again
     # from memory either way)
-    state = f1 if last else o1
-    whole_lines = (d * state.itemsize) % 64 == 0 and state.ctypes.data % 64 == 0
+    whole_lines = (d * o1.itemsize) % 64 == 0 and o1.ctypes.data % 64 == 0
     for w in prange(BH * nseg):
         bh = w // nseg
         if (bh % H) % G != g:
@@ -1032,7 +1030,7 @@ def _forward_piece(q1, k1, v1, o1, f1, m1, l1, BH, H, d, scale, G, g, p, first, 
                     ml[y - y0] = m1[i]
                     ll[y - y0] = l1[i]
             for I in range(I0, I1):
-                _qblock(ql, kl, vl, ol, ol, ml, ll, -y0, -x0, n, d, p, I, scale, first, last,
+                _qblock(ql, kl, vl, ol, ml, ll, -y0, -x0, n, d, p, I, scale, first, last,
                         local, local, lstart, lstep, tile_ptr, tile_col, tile_mask, masks,
                         maskt, grows, fused,
                         block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
@@ -1041,14 +1039,14 @@ def _forward_piece(q1, k1, v1, o1, f1, m1, l1, BH, H, d, scale, G, g, p, first, 
                 y = qorder[t]
                 i = base + qp[y]
                 if whole_lines:
-                    _copy_nt(state, i * d, ol, (y - y0) * d, d)
+                    _copy_nt(o1, i * d, ol, (y - y0) * d, d)
                 else:
-                    _copy(state, i * d, ol, (y - y0) * d, d)
+                    _copy(o1, i * d, ol, (y - y0) * d, d)
                 m1[i] = ml[y - y0]
                 l1[i] = ll[y - y0]
         else:
             for I in range(I0, I1):
-                _qblock(q1, k1, v1, o1, f1, m1, l1, base, base, n, d, p, I, scale, first, last,
+                _qblock(q1, k1, v1, o1, m1, l1, base, base, n, d, p, I, scale, first, last,
                         qperm[p], kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks,
                         maskt, grows, fused,
                         block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
@@ -1289,7 +1287,7 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
                 _permute_rows(k1, plan.kperm, p, BH, rows, d, kp1)
                 _permute_rows(v1, plan.kperm, p, BH, rows, d, vp1)
             kq, vq = kp1, vp1
-        _forward_piece(q1, kq, vq, o1, o1, m1, l1, BH, H, d, scale, G, groups[p], p, first,
+        _forward_piece(q1, kq, vq, o1, m1, l1, BH, H, d, scale, G, groups[p], p, first,
                        last, plan.qperm, kperm_used, kt, ks, span, copies, plan.tile_ptr,
                        plan.tile_col, plan.tile_mask, plan.masks, maskt, grows, fused, block,
                        chunk, items, precise, numba.get_num_threads())
