@@ -12,16 +12,70 @@ Both types are immutable and validate in their constructors (``ValueError``).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["Pattern", "BlockLayout", "DENSE_LIMIT"]
+__all__ = ["Pattern", "BlockLayout", "PatternRule", "Mode", "MODES", "DENSE_LIMIT"]
 
 #: Largest number of dense cells (heads x n x n) that ``to_dense`` will allocate.
 DENSE_LIMIT = 1 << 28
+
+
+class Mode(str, Enum):
+    """How the heads of a pattern combine (the paper uses all three).
+
+    ``INTERLEAVED``: step ``m`` of a path uses head ``m``; ``MERGED``: one
+    softmax over the union of the heads; ``MULTIHEAD``: ``p`` heads in one
+    layer, one softmax each. Analysis accepts all three; kernels and exports
+    run ``MERGED`` and ``MULTIHEAD`` (:data:`KERNEL_MODES`).
+
+    Examples
+    --------
+    >>> Mode("merged") is Mode.MERGED, Mode.MERGED == "merged"
+    (True, True)
+    """
+
+    INTERLEAVED = "interleaved"
+    MERGED = "merged"
+    MULTIHEAD = "multihead"
+
+
+#: Every mode's name, in the order analysis documents them.
+MODES: tuple[str, ...] = tuple(m.value for m in Mode)
+#: The modes a kernel or an export executes (one softmax per head, or over the union).
+KERNEL_MODES: tuple[str, ...] = (Mode.MULTIHEAD.value, Mode.MERGED.value)
+
+
+@dataclass(frozen=True)
+class PatternRule:
+    """The rule a generator gives a :class:`Pattern`, so consumers need not build its CSR.
+
+    Parameters
+    ----------
+    num_heads : int
+        Number of heads the rule builds.
+    build : callable
+        ``build() -> sequence of csr_matrix``: every head, canonical bool CSR.
+    blocks : callable, optional
+        ``blocks(block) -> BlockLayout`` in closed form, without the CSR, so
+        that block layouts of very long sequences stay cheap.
+
+    Examples
+    --------
+    >>> import scipy.sparse as sp
+    >>> rule = PatternRule(1, lambda: [sp.identity(4, dtype=bool, format="csr")])
+    >>> Pattern.from_rule(rule, 4, name="diagonal").nnz
+    4
+    """
+
+    num_heads: int
+    build: Callable[[], Sequence[sp.csr_matrix]]
+    blocks: Callable[[int], BlockLayout] | None = None
 
 
 def _freeze(a: np.ndarray) -> np.ndarray:
@@ -107,7 +161,7 @@ class Pattern:
     ####
     """
 
-    __slots__ = ("_heads", "_n", "_name", "_params", "_causal", "_head_names", "_union", "_lazy")
+    __slots__ = ("_heads", "_n", "_name", "_params", "_causal", "_head_names", "_union", "_rule")
 
     def __init__(
         self,
@@ -139,13 +193,13 @@ class Pattern:
                     )
         self._init(n, tuple(checked), name, params, causal, head_names, None)
 
-    def _init(self, n, heads, name, params, causal, head_names, lazy) -> None:
+    def _init(self, n, heads, name, params, causal, head_names, rule) -> None:
         self._n = int(n)
         self._heads = heads
         self._name = str(name)
         self._params = MappingProxyType(dict(params or {}))
         self._causal = bool(causal)
-        p = len(heads) if heads is not None else lazy[0]
+        p = len(heads) if heads is not None else rule.num_heads
         if head_names is None:
             head_names = tuple(f"A{k + 1}" for k in range(p))
         head_names = tuple(str(s) for s in head_names)
@@ -153,29 +207,46 @@ class Pattern:
             raise ValueError(f"head_names: expected {p} names, got {len(head_names)}")
         self._head_names = head_names
         self._union = None
-        self._lazy = lazy
+        self._rule = rule
 
     @classmethod
-    def _deferred(
+    def from_rule(
         cls,
+        rule: PatternRule,
         n: int,
-        num_heads: int,
-        build: Callable[[], Sequence[sp.csr_matrix]],
         *,
         name: str,
-        params: Mapping[str, Any],
-        causal: bool,
+        params: Mapping[str, Any] | None = None,
+        causal: bool = True,
         head_names: Sequence[str] | None = None,
-        blocks: Callable[[int], BlockLayout] | None = None,
     ) -> Pattern:
-        """A pattern whose heads are built on first use (used by generators).
+        """A pattern that carries its generator's rule; its heads are built on first use.
 
-        ``build()`` returns canonical bool CSR heads; ``blocks(block)``, when
-        given, computes :meth:`to_blocks` in closed form without the CSR, so
-        that block layouts of very long sequences stay cheap.
+        Generators call this with their validated parameters: the rule's
+        ``build()`` must return canonical bool CSR heads of shape ``(n, n)``.
+
+        Parameters
+        ----------
+        rule : PatternRule
+            How to build the heads (and, optionally, the block layout in closed form).
+        n : int
+            Sequence length (>= 1).
+        name, params, causal, head_names
+            As for :class:`Pattern`.
+
+        Returns
+        -------
+        Pattern
+
+        Examples
+        --------
+        >>> import scipy.sparse as sp
+        >>> eye = PatternRule(1, lambda: [sp.identity(8, dtype=bool, format="csr")])
+        >>> Pattern.from_rule(eye, 8, name="diagonal").rule is eye
+        True
         """
         self = cls.__new__(cls)
-        self._init(n, None, name, params, causal, head_names, (num_heads, build, blocks))
+        self._init(n, None, name, params, causal, head_names, rule)
         return self
 
     # ------------------------------------------------------------------ basic
@@ -188,7 +259,7 @@ class Pattern:
     def heads(self) -> tuple[sp.csr_matrix, ...]:
         """The heads, boolean CSR ``(n, n)`` each (built on first access)."""
         if self._heads is None:
-            built = tuple(self._lazy[1]())
+            built = tuple(self._rule.build())
             self._heads = tuple(_check_csr(h, k, self._n) for k, h in enumerate(built))
         return self._heads
 
@@ -196,6 +267,15 @@ class Pattern:
     def num_heads(self) -> int:
         """Number of heads ``p``."""
         return len(self._head_names)
+
+    @property
+    def rule(self) -> PatternRule | None:
+        """The generator's rule, or None for a pattern built from CSR (a user layout, a file).
+
+        A pattern with a rule is exactly what its ``name`` and ``params``
+        generate, so consumers may use the family's formulas for it.
+        """
+        return self._rule
 
     @property
     def name(self) -> str:
@@ -321,8 +401,8 @@ class Pattern:
         (2, 4, 4)
         """
         block = _check_block(block)
-        if self._lazy is not None and self._lazy[2] is not None:  # closed form, no CSR pass
-            return self._lazy[2](block)
+        if self._rule is not None and self._rule.blocks is not None:  # closed form, no CSR
+            return self._rule.blocks(block)
         return BlockLayout.from_pattern(self, block)
 
     def to_string(self, *, head: int | None = None, max_n: int = 64) -> str:

@@ -127,7 +127,7 @@ def _trusted_formula(pattern: Pattern) -> list[Rule] | None:
     spec = registry.REGISTRY[pattern.name]
     if set(pattern.params) != {q.name for q in spec.params}:
         return None
-    generated = getattr(pattern, "_lazy", None) is not None  # built by a generator
+    generated = pattern.rule is not None  # built by its generator
     if not generated:
         try:
             again = registry.make(pattern.name, pattern.n, **dict(pattern.params))

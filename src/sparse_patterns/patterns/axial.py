@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import check_bool, check_int
-from ..pattern import Pattern
+from ..pattern import Pattern, PatternRule
 from ._build import progression_csr
 from .local import raster
 from .registry import Param, register
@@ -58,7 +58,7 @@ def axial2d(
         col = progression_csr(n, i % w, (i // w + 1) if causal else np.full(n, h), w)
         return [row, col]
 
-    return Pattern._deferred(
-        n, 2, build, name="axial2d", params={"height": h, "width": w, "causal": causal},
+    return Pattern.from_rule(
+        PatternRule(2, build), n, name="axial2d", params={"height": h, "width": w, "causal": causal},
         causal=causal, head_names=("row", "col"),
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import check_bool, check_int
-from ..pattern import BlockLayout, Pattern
+from ..pattern import BlockLayout, Pattern, PatternRule
 from .registry import Param, register
 
 __all__ = ["bigbird"]
@@ -121,7 +121,7 @@ def bigbird(
             full[:, diag, diag] &= sizes == 1  # a diagonal tile is full only if 1 x 1
         return BlockLayout(lay, block=block, n=n, full=full)
 
-    return Pattern._deferred(
-        n, 3, build, name="bigbird", params=params, causal=causal,
-        head_names=("window", "global", "random"), blocks=blocks,
+    return Pattern.from_rule(
+        PatternRule(3, build, blocks), n, name="bigbird", params=params, causal=causal,
+        head_names=("window", "global", "random"),
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import check_bool, check_int
-from ..pattern import Pattern
+from ..pattern import Pattern, PatternRule
 from ._build import progression_csr
 from .registry import Param, register, root_of
 
@@ -63,7 +63,7 @@ def factorized(n: int, p: int = 2, causal: bool = True) -> Pattern:
             heads.append(progression_csr(n, i - back * step, back + fwd + 1, step))
         return heads
 
-    return Pattern._deferred(
-        n, p, build, name="factorized", params={"p": p, "causal": causal},
+    return Pattern.from_rule(
+        PatternRule(p, build), n, name="factorized", params={"p": p, "causal": causal},
         causal=causal,
     )

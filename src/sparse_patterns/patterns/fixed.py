@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import check_bool, check_int
-from ..pattern import Pattern
+from ..pattern import Pattern, PatternRule
 from ._blocks import block_bounds, layout_of
 from ._build import prefix_csr, progression_csr, tril_counts
 from .registry import Param, register
@@ -136,7 +136,6 @@ def fixed(
         hs += [_summary_blocks(n, block, stride, lo, hi, causal) for lo, hi in ranges]
         return layout_of(n, block, hs)
 
-    return Pattern._deferred(
-        n, k + 1, build, name="fixed", params=params, causal=causal, head_names=names,
-        blocks=blocks,
+    return Pattern.from_rule(
+        PatternRule(k + 1, build, blocks), n, name="fixed", params=params, causal=causal, head_names=names,
     )

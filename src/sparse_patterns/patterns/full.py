@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import check_bool, check_int
-from ..pattern import Pattern
+from ..pattern import Pattern, PatternRule
 from ._blocks import distance_band, layout_of
 from ._build import progression_csr
 from .registry import Param, register
@@ -50,7 +50,6 @@ def full(n: int, causal: bool = True) -> Pattern:
     def blocks(block: int):
         return layout_of(n, block, [distance_band(n, block, 0 if causal else -n, n)])
 
-    return Pattern._deferred(
-        n, 1, build, name="full", params={"causal": causal}, causal=causal, head_names=("A",),
-        blocks=blocks,
+    return Pattern.from_rule(
+        PatternRule(1, build, blocks), n, name="full", params={"causal": causal}, causal=causal, head_names=("A",),
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import check_bool, check_int
-from ..pattern import Pattern
+from ..pattern import Pattern, PatternRule
 from ._blocks import distance_band, layout_of
 from ._build import local2d_csr, progression_csr
 from .registry import Param, register
@@ -106,8 +106,8 @@ def _dilated(n: int, window: int, dilation: int, causal: bool, _name: str) -> Pa
         def blocks(block: int):
             return layout_of(n, block, [distance_band(n, block, 0 if causal else -window, window)])
 
-    return Pattern._deferred(
-        n, 1, build, name=_name, params=params, causal=causal, head_names=("A",), blocks=blocks
+    return Pattern.from_rule(
+        PatternRule(1, build, blocks), n, name=_name, params=params, causal=causal, head_names=("A",),
     )
 
 
@@ -193,6 +193,6 @@ def local2d(
     def build():
         return [local2d_csr(h, w, q, m, causal)]
 
-    return Pattern._deferred(
-        n, 1, build, name="local2d", params=params, causal=causal, head_names=("A",)
+    return Pattern.from_rule(
+        PatternRule(1, build), n, name="local2d", params=params, causal=causal, head_names=("A",),
     )

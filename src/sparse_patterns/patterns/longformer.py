@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import check_bool, check_int
-from ..pattern import Pattern
+from ..pattern import Pattern, PatternRule
 from ._build import progression_csr
 from .local import dilated
 from .registry import Param, register
@@ -78,7 +78,7 @@ def longformer(
         glob = progression_csr(n, np.zeros(n, dtype=np.int64), cnt)
         return [win.heads[0], glob]
 
-    return Pattern._deferred(
-        n, 2, build, name="longformer", params=params, causal=causal,
+    return Pattern.from_rule(
+        PatternRule(2, build), n, name="longformer", params=params, causal=causal,
         head_names=("window", "global"),
     )

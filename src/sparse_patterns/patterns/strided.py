@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import check_bool, check_choice, check_int
-from ..pattern import Pattern
+from ..pattern import Pattern, PatternRule
 from ._blocks import distance_band, distance_multiple, layout_of
 from ._build import progression_csr
 from .registry import Param, register
@@ -91,7 +91,6 @@ def strided(n: int, stride: int, window: str = "paper", causal: bool = True) -> 
             h1 = distance_band(n, block, -w, w)
         return layout_of(n, block, [h1, distance_multiple(n, block, stride, causal)])
 
-    return Pattern._deferred(
-        n, 2, build, name="strided", params=params, causal=causal, head_names=("A1", "A2"),
-        blocks=blocks,
+    return Pattern.from_rule(
+        PatternRule(2, build, blocks), n, name="strided", params=params, causal=causal, head_names=("A1", "A2"),
     )
