@@ -29,7 +29,7 @@ import time
 
 import sparse_patterns as sps
 from sparse_patterns.kernels import cuda as kc
-from sparse_patterns.kernels.plan import plan as make_plan
+from sparse_patterns.kernels import plan as make_plan
 
 
 def pattern_for(name: str, n: int) -> sps.Pattern:

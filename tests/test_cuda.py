@@ -29,7 +29,7 @@ pytest.importorskip("numba.cuda")
 import sparse_patterns as sps  # noqa: E402
 from sparse_patterns import Pattern  # noqa: E402
 from sparse_patterns.kernels import cuda as kc  # noqa: E402
-from sparse_patterns.kernels.plan import plan  # noqa: E402
+from sparse_patterns.kernels import plan  # noqa: E402
 from sparse_patterns.kernels.reference import reference_backward, reference_forward  # noqa: E402
 
 BACKEND = kc.backend()

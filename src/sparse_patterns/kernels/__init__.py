@@ -22,7 +22,7 @@ import numpy as np
 
 from .._validate import check_bool, check_choice, check_int
 from ..pattern import Pattern
-from .plan import BLOCK, MODES, ExecutionPlan, clear_plan_cache, plan
+from .planning import BLOCK, MODES, ExecutionPlan, clear_plan_cache, plan
 
 __all__ = [
     "BLOCK",

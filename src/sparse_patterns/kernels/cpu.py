@@ -1666,13 +1666,13 @@ def _flat(a: np.ndarray) -> np.ndarray:
 def _residues(plan) -> np.ndarray:
     """``s`` for each ``residue(s)`` piece whose key order is exactly the ``i mod s``
     grouping (0 for other pieces)."""
-    from .plan import _residue_perm
+    from .planning import residue_perm
 
     out = np.zeros(plan.num_pieces, dtype=np.int64)
     for p, kind in enumerate(plan.piece_kind):
         if kind.startswith("residue("):
             s = int(kind[8:-1])
-            if np.array_equal(plan.kperm[p], _residue_perm(plan.n, s)):
+            if np.array_equal(plan.kperm[p], residue_perm(plan.n, s)):
                 out[p] = s
     return out
 

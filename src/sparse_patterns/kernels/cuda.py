@@ -16,7 +16,7 @@ Backward (recomputation from the saved log-sum-exp, as in FlashAttention-2):
 one launch computes ``delta_i = do_i . o_i`` and clears the gradients; per
 piece, a row kernel (thread block per query tile) accumulates ``dq`` and a
 column kernel (thread block per key tile, one thread per key, using the plan's
-:meth:`~sparse_patterns.kernels.plan.ExecutionPlan.column_index`) accumulates
+:meth:`~sparse_patterns.kernels.ExecutionPlan.column_index`) accumulates
 ``dk`` and ``dv``. No atomics: every row has one owner per launch.
 
 numba-cuda is an optional dependency (``pip install 'sparse-patterns[cuda]'``),
@@ -847,8 +847,8 @@ def attention(q: Any, k: Any, v: Any, pattern, *, mode: str = "multihead",
     ValueError
     """
     from .._validate import check_bool, check_choice, check_int
-    from .plan import MODES, ExecutionPlan
-    from .plan import plan as make_plan
+    from .planning import MODES, ExecutionPlan
+    from .planning import plan as make_plan
 
     mode = check_choice("mode", mode, MODES)
     return_lse = check_bool("return_lse", return_lse)

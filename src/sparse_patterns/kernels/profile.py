@@ -37,7 +37,7 @@ import scipy.sparse as sp
 from .._validate import check_choice, check_int
 from ..pattern import DENSE_LIMIT, Pattern
 from ..patterns import registry
-from .plan import BLOCK, MODES, plan
+from .planning import BLOCK, MODES, plan
 
 __all__ = ["profile", "ProfileTable", "ProfileRow", "Measurement", "BASELINES", "DTYPES"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..pattern import Pattern
-from .plan import ExecutionPlan
+from .planning import ExecutionPlan
 
 __all__ = ["group_masks", "reference_forward", "reference_backward"]
 

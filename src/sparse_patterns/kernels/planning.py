@@ -25,12 +25,12 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._validate import check_choice, check_int
-from ..pattern import Pattern
+from ..pattern import KERNEL_MODES, Pattern
 
-__all__ = ["ExecutionPlan", "plan", "MODES", "BLOCK", "clear_plan_cache"]
+__all__ = ["ExecutionPlan", "plan", "MODES", "BLOCK", "clear_plan_cache", "residue_perm"]
 
 #: Softmax grouping of the pattern's heads: one softmax per pattern head, or one over the union.
-MODES = ("multihead", "merged")
+MODES = KERNEL_MODES
 
 _FULL = -1  # tile_mask value of a full tile
 
@@ -190,7 +190,7 @@ class _Piece:
         self.group = group
 
 
-def _residue_perm(n: int, s: int) -> np.ndarray:
+def residue_perm(n: int, s: int) -> np.ndarray:
     """Positions grouped by ``i mod s`` (each group in increasing i): OpenAI's strided transpose."""
     i = np.arange(n, dtype=np.int64)
     return np.lexsort((i // s, i % s))
@@ -212,7 +212,7 @@ def _choose(piece: _Piece, n: int, block: int) -> None:
     cands: list[tuple[Any, np.ndarray, np.ndarray]] = [(("identity",), ident, ident)]
     s = int(_gcd_of_offsets(piece.indptr, piece.indices))
     if 1 < s < n:
-        r = _residue_perm(n, s)
+        r = residue_perm(n, s)
         cands.append((("residue", s), r, r))
     used = np.zeros(n, dtype=bool)
     used[piece.indices] = True
@@ -600,7 +600,7 @@ def clear_plan_cache() -> None:
 
 
 def plan(
-    pattern: Pattern, *, block: int = 64, mode: str = "multihead", cache: bool = True
+    pattern: Pattern, *, block: int = BLOCK, mode: str = "multihead", cache: bool = True
 ) -> ExecutionPlan:
     """Plan the execution of ``pattern``: pieces, permutations, full and partial tiles.
 
@@ -609,7 +609,7 @@ def plan(
     pattern : Pattern
         The token-level pattern.
     block : int
-        Tile size in tokens, in ``[1, 4096]`` (64 suits the CPU kernel).
+        Tile size in tokens, in ``[1, 4096]`` (the default, :data:`BLOCK`, is the tile size the kernels run).
     mode : {"multihead", "merged"}
         ``"multihead"``: one softmax per pattern head (attention head ``h`` uses
         pattern head ``h % p``); ``"merged"``: one softmax over the union of the
