@@ -32,6 +32,12 @@ Examples
 >>> pat = sps.make("strided", 16, stride=4)
 >>> pat
 Pattern(strided(stride=4, window='paper', causal=True), n=16, heads=2, causal=True)
+
+Subpackages load on first use: ``sps.analysis``, ``sps.kernels``, ``sps.export``,
+``sps.render``, ``sps.profiling``, ``sps.torch``.
+
+>>> sps.export.to_block_layout(pat, 4).layout.shape
+(2, 4, 4)
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .pattern import BlockLayout, Pattern
+from .pattern import MODES, BlockLayout, Mode, Pattern, PatternRule
 from .patterns import REGISTRY, make
 from .patterns.axial import axial2d
 from .patterns.bigbird import bigbird
@@ -60,13 +66,16 @@ _LAZY = {
     "VerifyReport": "sparse_patterns.analysis",
     "attention": "sparse_patterns.kernels",
     "plan": "sparse_patterns.kernels",
-    "profile": "sparse_patterns.kernels.profile",
+    "profile": "sparse_patterns.profiling",
     "save": "sparse_patterns.export",
     "load": "sparse_patterns.export",
 }
 
+#: Subpackages, imported on first attribute access (``sps.export.save``, ``sps.render``).
+_SUBPACKAGES = ("analysis", "kernels", "export", "render", "profiling", "testing", "torch")
+
 __all__ = [
-    "Pattern", "BlockLayout", "REGISTRY", "make",
+    "Pattern", "BlockLayout", "PatternRule", "Mode", "MODES", "REGISTRY", "make",
     "full", "strided", "fixed", "local", "dilated", "local2d", "axial2d", "factorized",
     "longformer", "bigbird", *_LAZY,
 ]
@@ -75,4 +84,10 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'sparse_patterns' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, *_SUBPACKAGES})
