@@ -36,8 +36,8 @@ Pattern(strided(stride=4, window='paper', causal=True), n=16, heads=2, causal=Tr
 Subpackages load on first use: ``sps.analysis``, ``sps.kernels``, ``sps.export``,
 ``sps.render``, ``sps.profiling``, ``sps.torch``.
 
->>> sps.export.to_block_layout(pat, 4).layout.shape
-(2, 4, 4)
+>>> sps.export.to_block_layout(pat, 4).shape
+torch.Size([2, 4, 4])
 """
 
 from __future__ import annotations
