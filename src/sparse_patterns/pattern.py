@@ -20,7 +20,14 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["Pattern", "BlockLayout", "PatternRule", "Mode", "MODES", "DENSE_LIMIT"]
+from . import config
+from ._csr import check_csr, freeze, union_rows, upper_entry
+from .layout import BlockLayout, check_block
+
+__all__ = [
+    "Pattern", "BlockLayout", "PatternRule", "Mode", "MODES", "KERNEL_MODES", "DENSE_LIMIT",
+    "CHUNK_ENTRIES", "csr_bytes",
+]
 
 #: Largest number of dense cells (heads x n x n) that ``to_dense`` will allocate.
 DENSE_LIMIT = 1 << 28
@@ -64,6 +71,14 @@ class PatternRule:
     blocks : callable, optional
         ``blocks(block) -> BlockLayout`` in closed form, without the CSR, so
         that block layouts of very long sequences stay cheap.
+    rows : callable, optional
+        ``rows(start, stop) -> sequence of csr_matrix``: the rows
+        ``start .. stop-1`` of every head, each ``(stop - start, n)``, canonical
+        bool CSR, in O(nnz of those rows). Without it, row ranges slice the
+        whole CSR (built once, under the memory limit).
+    counts : callable, optional
+        ``counts() -> int64 (num_heads, n)``: ``|A_i|`` of every head in closed
+        form, so ``nnz``, ``head_nnz`` and the memory guard need no CSR.
 
     Examples
     --------
@@ -76,45 +91,24 @@ class PatternRule:
     num_heads: int
     build: Callable[[], Sequence[sp.csr_matrix]]
     blocks: Callable[[int], BlockLayout] | None = None
+    rows: Callable[[int, int], Sequence[sp.csr_matrix]] | None = None
+    counts: Callable[[], np.ndarray] | None = None
 
 
-def _freeze(a: np.ndarray) -> np.ndarray:
-    a.flags.writeable = False
-    return a
+#: Entries of one chunk of rows that streaming consumers read at a time (about 40 MB of CSR).
+CHUNK_ENTRIES = 1 << 23
 
 
-def _check_csr(m: Any, k: int, n: int | None) -> sp.csr_matrix:
-    """Validate one head and return it as a frozen canonical bool CSR."""
-    if not sp.issparse(m):
-        raise ValueError(f"heads[{k}]: expected a scipy.sparse matrix, got {type(m).__name__}")
-    m = sp.csr_matrix(m)
-    if m.shape[0] != m.shape[1]:
-        raise ValueError(f"heads[{k}]: must be square (n x n), got shape {m.shape}")
-    if n is not None and m.shape[0] != n:
-        raise ValueError(f"heads[{k}]: has n={m.shape[0]} but heads[0] has n={n}")
-    if m.dtype != np.bool_:
-        m = m.astype(np.bool_)  # a copy
-    if not m.data.all():
-        m = m.copy()
-        m.eliminate_zeros()
-    if not m.has_canonical_format:
-        # has_canonical_format checks sorted indices and no duplicates
-        m = m.copy()
-        m.sum_duplicates()
-        m.sort_indices()
-    m.indptr = _freeze(np.ascontiguousarray(m.indptr))
-    m.indices = _freeze(np.ascontiguousarray(m.indices))
-    m.data = _freeze(np.ascontiguousarray(m.data))
-    return m
+def csr_bytes(n_rows: int, nnz: int) -> int:
+    """Bytes of a boolean CSR with ``n_rows`` rows and ``nnz`` entries (int32 or int64 indices).
 
-
-def _upper_entry(m: sp.csr_matrix) -> tuple[int, int] | None:
-    """First entry (i, j) with j > i, or None."""
-    rows = np.repeat(np.arange(m.shape[0], dtype=np.int64), np.diff(m.indptr))
-    bad = np.flatnonzero(m.indices > rows)
-    if bad.size == 0:
-        return None
-    return int(rows[bad[0]]), int(m.indices[bad[0]])
+    Examples
+    --------
+    >>> csr_bytes(4, 10)
+    70
+    """
+    idx = 4 if max(n_rows, nnz) < 2**31 - 1 else 8
+    return nnz * (idx + 1) + (n_rows + 1) * idx
 
 
 class Pattern:
@@ -161,7 +155,7 @@ class Pattern:
     ####
     """
 
-    __slots__ = ("_heads", "_n", "_name", "_params", "_causal", "_head_names", "_union", "_rule")
+    __slots__ = ("_heads", "_n", "_name", "_params", "_causal", "_head_names", "_union", "_rule", "_counts")
 
     def __init__(
         self,
@@ -178,7 +172,7 @@ class Pattern:
         checked: list[sp.csr_matrix] = []
         n: int | None = None
         for k, h in enumerate(heads):
-            m = _check_csr(h, k, n)
+            m = check_csr(h, k, n)
             n = m.shape[0]
             checked.append(m)
         assert n is not None
@@ -186,7 +180,7 @@ class Pattern:
             raise ValueError("n: must be >= 1, got 0")
         if causal:
             for k, m in enumerate(checked):
-                bad = _upper_entry(m)
+                bad = upper_entry(m)
                 if bad is not None:
                     raise ValueError(
                         f"heads[{k}]: causal pattern has entry (i={bad[0]}, j={bad[1]}) with j > i"
@@ -208,6 +202,7 @@ class Pattern:
         self._head_names = head_names
         self._union = None
         self._rule = rule
+        self._counts = None
 
     @classmethod
     def from_rule(
@@ -257,11 +252,149 @@ class Pattern:
 
     @property
     def heads(self) -> tuple[sp.csr_matrix, ...]:
-        """The heads, boolean CSR ``(n, n)`` each (built on first access)."""
+        """The heads, boolean CSR ``(n, n)`` each (built on first access).
+
+        Raises
+        ------
+        MemoryLimitError
+            (a ``ValueError``) when the whole CSR would exceed
+            :func:`sparse_patterns.config.get_memory_limit`; read row ranges
+            (:meth:`rows`, :meth:`iter_rows`) or the block level
+            (:meth:`to_blocks`) instead.
+        """
         if self._heads is None:
+            if self._counts_without_csr():
+                self._check_fits("heads", sum(csr_bytes(self._n, c) for c in self.head_nnz))
             built = tuple(self._rule.build())
-            self._heads = tuple(_check_csr(h, k, self._n) for k, h in enumerate(built))
+            self._heads = tuple(check_csr(h, k, self._n) for k, h in enumerate(built))
         return self._heads
+
+    @property
+    def materialized(self) -> bool:
+        """Whether the whole CSR of the heads is held (built, or given)."""
+        return self._heads is not None
+
+    def _check_fits(self, what: str, need: int) -> None:
+        limit = config.get_memory_limit()
+        if need > limit:
+            raise config.MemoryLimitError(
+                f"{what}: the token-level CSR of {self._name} at n={self._n:,} needs "
+                f"{config.format_bytes(need)}, above the memory limit of "
+                f"{config.format_bytes(limit)} (sparse_patterns.config.set_memory_limit); "
+                "read it in row ranges (pattern.rows, pattern.iter_rows) or at the block "
+                "level (pattern.to_blocks) instead"
+            )
+
+    def _counts_without_csr(self) -> bool:
+        """Whether ``|A_i|`` can be had without building the whole CSR."""
+        return self._counts is not None or self._heads is not None or (
+            self._rule is not None and (self._rule.counts is not None or self._rule.rows is not None)
+        )
+
+    def _head_counts(self) -> np.ndarray:
+        """``int64 (p, n)``: ``|A_i|`` per head, from the CSR, the rule, or streamed rows."""
+        if self._counts is None:
+            if self._heads is not None:
+                counts = np.stack([np.diff(h.indptr).astype(np.int64) for h in self._heads])
+            elif self._rule is not None and self._rule.counts is not None:
+                counts = np.asarray(self._rule.counts(), dtype=np.int64)
+            elif self._rule is not None and self._rule.rows is not None:
+                counts = np.empty((self.num_heads, self._n), dtype=np.int64)
+                for start, stop, mats in self.iter_rows():
+                    for k, m in enumerate(mats):
+                        counts[k, start:stop] = np.diff(m.indptr)
+            else:
+                heads = self.heads
+                counts = np.stack([np.diff(h.indptr).astype(np.int64) for h in heads])
+            self._counts = freeze(counts)
+        return self._counts
+
+    def rows(self, start: int, stop: int, head: int | None = None) -> sp.csr_matrix:
+        """The rows ``start .. stop-1`` (all columns) of one head, or of the union.
+
+        Costs O(nnz of those rows) for a generated pattern whose rule builds
+        row ranges; a pattern built from CSR (a user layout, a file) slices it.
+
+        Parameters
+        ----------
+        start, stop : int
+            ``0 <= start <= stop <= n``.
+        head : int, optional
+            The head, in ``[0, p)``; None (default) gives the union of the heads.
+
+        Returns
+        -------
+        scipy.sparse.csr_matrix
+            Boolean ``(stop - start, n)``, sorted unique column indices.
+
+        Examples
+        --------
+        >>> from sparse_patterns import make
+        >>> pat = make("strided", 8, stride=3)
+        >>> pat.rows(6, 8).toarray().astype(int)
+        array([[1, 0, 0, 1, 1, 1, 1, 0],
+               [0, 1, 0, 0, 1, 1, 1, 1]])
+        >>> pat.rows(7, 8, head=1).indices.tolist()
+        [1, 4, 7]
+        """
+        start, stop = self._check_range(start, stop)
+        if head is not None:
+            if isinstance(head, bool) or not isinstance(head, (int, np.integer)) or not (
+                0 <= head < self.num_heads
+            ):
+                raise ValueError(f"head: must be an int in [0, {self.num_heads}), got {head!r}")
+            return self._row_mats(start, stop)[int(head)]
+        mats = self._row_mats(start, stop)
+        return mats[0] if len(mats) == 1 else union_rows(list(mats))
+
+    def iter_rows(self, chunk: int | None = None):
+        """Yield ``(start, stop, heads)`` over consecutive row ranges covering ``[0, n)``.
+
+        ``heads`` holds the rows ``start .. stop-1`` of every head, boolean CSR
+        ``(stop - start, n)`` each. A chunk holds ``chunk`` rows, or by default
+        about :data:`CHUNK_ENTRIES` entries, so memory stays bounded at any n.
+
+        Examples
+        --------
+        >>> from sparse_patterns import make
+        >>> [(a, b, m[1].nnz) for a, b, m in make("strided", 8, stride=3).iter_rows(chunk=3)]
+        [(0, 3, 3), (3, 6, 6), (6, 8, 6)]
+        """
+        if chunk is None:
+            chunk = self.chunk_rows()
+        elif isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 1:
+            raise ValueError(f"chunk: must be an int >= 1, got {chunk!r}")
+        for start in range(0, self._n, int(chunk)):
+            stop = min(self._n, start + int(chunk))
+            yield start, stop, self._row_mats(start, stop)
+
+    def chunk_rows(self, entries: int = CHUNK_ENTRIES) -> int:
+        """Rows per chunk so that a chunk of every head holds about ``entries`` entries."""
+        widest = self.max_row_count()
+        return int(max(1, min(self._n, entries // max(1, widest))))
+
+    def max_row_count(self) -> int:
+        """The largest ``|A_i|`` summed over the heads (a bound on the union's rows)."""
+        if not self._counts_without_csr() or (
+            self._heads is None and self._counts is None and self._rule.counts is None
+        ):
+            return self._n  # unknown without a pass over the rows: assume dense rows
+        return int(self._head_counts().sum(axis=0).max())
+
+    def _check_range(self, start: Any, stop: Any) -> tuple[int, int]:
+        for name, v in (("start", start), ("stop", stop)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise ValueError(f"{name}: must be an int in [0, {self._n}], got {v!r}")
+        if not 0 <= start <= stop <= self._n:
+            raise ValueError(
+                f"start, stop: need 0 <= start <= stop <= n={self._n}, got start={start}, stop={stop}"
+            )
+        return int(start), int(stop)
+
+    def _row_mats(self, start: int, stop: int) -> tuple[sp.csr_matrix, ...]:
+        if self._heads is None and self._rule is not None and self._rule.rows is not None:
+            return tuple(self._rule.rows(start, stop))
+        return tuple(h[start:stop] for h in self.heads)
 
     @property
     def num_heads(self) -> int:
@@ -308,22 +441,28 @@ class Pattern:
     def union(self) -> sp.csr_matrix:
         """The merged pattern ``S``: boolean CSR union of all heads."""
         if self._union is None:
+            if self._heads is None and self._counts_without_csr():
+                self._check_fits("union", 2 * sum(csr_bytes(self._n, c) for c in self.head_nnz))
             hs = self.heads
             u = hs[0]
             for h in hs[1:]:
                 u = u + h
-            self._union = _check_csr(u, 0, self._n)
+            self._union = check_csr(u, 0, self._n)
         return self._union
 
     @property
     def nnz(self) -> int:
-        """Number of attended pairs in the union of the heads."""
-        return int(self.union().nnz)
+        """Number of attended pairs in the union of the heads (streamed when not held)."""
+        if self.num_heads == 1:
+            return int(self._head_counts()[0].sum())
+        if self._union is not None or self._heads is not None:
+            return int(self.union().nnz)
+        return int(self.row_counts()[-1].sum())
 
     @property
     def head_nnz(self) -> tuple[int, ...]:
-        """Number of attended pairs per head."""
-        return tuple(int(h.nnz) for h in self.heads)
+        """Number of attended pairs per head (from the rule's counts where it has them)."""
+        return tuple(int(c) for c in self._head_counts().sum(axis=1))
 
     @property
     def density(self) -> float:
@@ -339,9 +478,14 @@ class Pattern:
             ``int64 (p + 1, n)``: row ``m < p`` is head ``m``, the last row the union.
         """
         out = np.empty((self.num_heads + 1, self._n), dtype=np.int64)
-        for k, h in enumerate(self.heads):
-            out[k] = np.diff(h.indptr)
-        out[-1] = np.diff(self.union().indptr)
+        out[:-1] = self._head_counts()
+        if self.num_heads == 1:
+            out[-1] = out[0]
+        elif self._heads is not None:
+            out[-1] = np.diff(self.union().indptr)
+        else:  # stream the union row range by row range
+            for start, stop, mats in self.iter_rows():
+                out[-1, start:stop] = np.diff(union_rows(list(mats)).indptr)
         return out
 
     def to_dense(self, *, limit: int = DENSE_LIMIT) -> np.ndarray:
@@ -400,7 +544,7 @@ class Pattern:
         >>> bl.layout.shape
         (2, 4, 4)
         """
-        block = _check_block(block)
+        block = check_block(block)
         if self._rule is not None and self._rule.blocks is not None:  # closed form, no CSR
             return self._rule.blocks(block)
         return BlockLayout.from_pattern(self, block)
@@ -447,213 +591,3 @@ class Pattern:
         )
 
     __hash__ = None  # type: ignore[assignment]
-
-
-def _check_block(block: Any) -> int:
-    if isinstance(block, (bool, np.bool_)) or not isinstance(block, (int, np.integer)):
-        raise ValueError(f"block: must be an integer >= 1, got {block!r}")
-    if block < 1:
-        raise ValueError(f"block: must be an integer >= 1, got {block}")
-    return int(block)
-
-
-class BlockLayout:
-    """Block-level layout ``bool (H, nb, nb)`` with full / partial blocks.
-
-    Block ``(h, I, J)`` is set when some token pair ``(i, j)`` with
-    ``i // block == I`` and ``j // block == J`` is set in head ``h``
-    (max-pooling). It is **full** when every token pair of the tile (cropped to
-    ``n`` at the edges) is set, **partial** otherwise.
-
-    Parameters
-    ----------
-    layout : array_like of bool, shape (H, nb, nb)
-    block : int
-    n : int
-        Token sequence length; ``nb`` must equal ``ceil(n / block)``.
-    full : array_like of bool, shape (H, nb, nb), optional
-        Which set blocks are full. Defaults to all set blocks being full (a
-        layout read from a block-sparse library, where a set block is dense).
-
-    Notes
-    -----
-    Decoding to token level by hand (what :meth:`to_pattern` does)::
-
-        for h, I, J in zip(*np.nonzero(bl.layout)):
-            for i in range(I * bl.block, min((I + 1) * bl.block, bl.n)):
-                for j in range(J * bl.block, min((J + 1) * bl.block, bl.n)):
-                    print(f"head {h}: {i} attends to {j}")
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> bl = BlockLayout(np.tril(np.ones((1, 2, 2), dtype=bool)), block=2, n=3)
-    >>> bl.to_pattern(causal=True).to_string()
-    '#..\\n##.\\n###'
-    """
-
-    __slots__ = ("_layout", "_full", "_block", "_n")
-
-    def __init__(
-        self,
-        layout: np.ndarray,
-        *,
-        block: int,
-        n: int,
-        full: np.ndarray | None = None,
-    ) -> None:
-        block = _check_block(block)
-        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise ValueError(f"n: must be an integer >= 1, got {n!r}")
-        lay = np.asarray(layout)
-        if lay.ndim == 2:
-            lay = lay[None]
-        if lay.ndim != 3 or lay.shape[1] != lay.shape[2]:
-            raise ValueError(f"layout: expected shape (H, nb, nb), got {np.shape(layout)}")
-        nb = -(-int(n) // block)
-        if lay.shape[1] != nb:
-            raise ValueError(
-                f"layout: has nb={lay.shape[1]} but ceil(n / block) = ceil({n} / {block}) = {nb}"
-            )
-        if lay.dtype != np.bool_:
-            if not np.isin(lay, (0, 1)).all():
-                raise ValueError("layout: entries must be 0 or 1")
-            lay = lay.astype(bool)
-        if full is None:
-            fl = lay.copy()
-        else:
-            fl = np.asarray(full, dtype=bool)
-            if fl.shape != lay.shape:
-                raise ValueError(f"full: expected shape {lay.shape}, got {fl.shape}")
-            if (fl & ~lay).any():
-                raise ValueError("full: a block marked full is not set in the layout")
-        self._layout = _freeze(np.ascontiguousarray(lay))
-        self._full = _freeze(np.ascontiguousarray(fl))
-        self._block = block
-        self._n = int(n)
-
-    @property
-    def layout(self) -> np.ndarray:
-        """``bool (H, nb, nb)``: blocks that hold at least one pair."""
-        return self._layout
-
-    @property
-    def full(self) -> np.ndarray:
-        """``bool (H, nb, nb)``: blocks in which every token pair is set."""
-        return self._full
-
-    @property
-    def partial(self) -> np.ndarray:
-        """``bool (H, nb, nb)``: set blocks that are not full."""
-        return self._layout & ~self._full
-
-    @property
-    def block(self) -> int:
-        """Block size in tokens."""
-        return self._block
-
-    @property
-    def n(self) -> int:
-        """Token sequence length."""
-        return self._n
-
-    @property
-    def nb(self) -> int:
-        """Number of blocks per side, ``ceil(n / block)``."""
-        return self._layout.shape[1]
-
-    @property
-    def num_heads(self) -> int:
-        """Number of heads ``H``."""
-        return self._layout.shape[0]
-
-    def density(self) -> float:
-        """Fraction of set blocks."""
-        return float(self._layout.mean())
-
-    def __repr__(self) -> str:
-        return (
-            f"BlockLayout(H={self.num_heads}, nb={self.nb}, block={self._block}, n={self._n}, "
-            f"set={int(self._layout.sum())}, full={int(self._full.sum())})"
-        )
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, BlockLayout):
-            return NotImplemented
-        return (
-            self._n == other._n
-            and self._block == other._block
-            and np.array_equal(self._layout, other._layout)
-            and np.array_equal(self._full, other._full)
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-    @classmethod
-    def from_pattern(cls, pattern: Pattern, block: int) -> BlockLayout:
-        """Max-pool every head of ``pattern`` (from its CSR, never dense)."""
-        block = _check_block(block)
-        n = pattern.n
-        nb = -(-n // block)
-        sizes = np.full(nb, block, dtype=np.int64)
-        sizes[-1] = n - block * (nb - 1)
-        area = np.multiply.outer(sizes, sizes)  # (nb, nb)
-        lay = np.zeros((pattern.num_heads, nb, nb), dtype=bool)
-        full = np.zeros_like(lay)
-        for h, m in enumerate(pattern.heads):
-            counts = _block_counts(m, block, nb)
-            lay[h] = counts > 0
-            full[h] = counts == area
-        return cls(lay, block=block, n=n, full=full)
-
-    def to_pattern(
-        self, *, causal: bool = False, name: str = "blocks", params: Mapping[str, Any] | None = None
-    ) -> Pattern:
-        """Token-level pattern: Kronecker expansion cropped to ``n``.
-
-        With ``causal=True`` the causal token mask ``j <= i`` is applied after
-        the expansion (the way block-sparse libraries use a unidirectional
-        layout).
-        """
-        heads = [
-            _expand_blocks(self._layout[h], self._block, self._n, causal)
-            for h in range(self.num_heads)
-        ]
-        p = {"block": self._block}
-        p.update(params or {})
-        return Pattern(heads, name=name, params=p, causal=causal)
-
-
-def _block_counts(m: sp.csr_matrix, block: int, nb: int) -> np.ndarray:
-    """Number of set token pairs per (row block, column block): int64 (nb, nb)."""
-    rows = np.repeat(np.arange(m.shape[0], dtype=np.int64) // block, np.diff(m.indptr))
-    key = rows * nb + m.indices.astype(np.int64) // block
-    return np.bincount(key, minlength=nb * nb).reshape(nb, nb)
-
-
-def _expand_blocks(lay: np.ndarray, block: int, n: int, causal: bool) -> sp.csr_matrix:
-    """Kronecker-expand a (nb, nb) bool layout to an (n, n) CSR, cropped, optionally causal."""
-    nb = lay.shape[0]
-    counts = np.zeros(n, dtype=np.int64)
-    pieces: list[np.ndarray] = []
-    tok = np.arange(n, dtype=np.int64)
-    for bi in range(nb):
-        r0, r1 = bi * block, min((bi + 1) * block, n)
-        cb = np.flatnonzero(lay[bi])
-        # the token columns of this block row: whole column blocks, cropped to n
-        cols = (cb[:, None] * block + np.arange(block)[None, :]).ravel()
-        cols = cols[cols < n]
-        rows = tok[r0:r1]
-        cnt = np.searchsorted(cols, rows, side="right") if causal else np.full(rows.size, cols.size)
-        counts[r0:r1] = cnt
-        total = int(cnt.sum())
-        if total:
-            off = np.repeat(np.cumsum(cnt) - cnt, cnt)
-            pieces.append(cols[np.arange(total, dtype=np.int64) - off])
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(counts, out=indptr[1:])
-    indices = np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
-    dt = np.int32 if max(n, indices.size) < 2**31 - 1 else np.int64
-    return sp.csr_matrix(
-        (np.ones(indices.size, dtype=bool), indices.astype(dt), indptr.astype(dt)), shape=(n, n)
-    )

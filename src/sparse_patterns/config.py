@@ -1,0 +1,127 @@
+"""Package-wide settings: the memory limit that guards every full token-level CSR.
+
+A pattern carries its rule, so most consumers read it in row ranges
+(:meth:`sparse_patterns.Pattern.rows`) and never hold the whole CSR. Where the
+whole CSR is asked for (``pattern.heads``, ``pattern.union()``), its size is
+computed first and compared with :func:`get_memory_limit`: above it, the request
+is refused with a :class:`MemoryLimitError` that says what it would need and what
+to use instead. The default is a quarter of the machine's physical memory.
+
+Examples
+--------
+>>> from sparse_patterns import config
+>>> with config.memory_limit(1 << 20):
+...     config.get_memory_limit()
+1048576
+>>> config.set_memory_limit(0)
+Traceback (most recent call last):
+...
+ValueError: memory_limit: must be a positive number of bytes, got 0
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = [
+    "MemoryLimitError",
+    "default_memory_limit",
+    "get_memory_limit",
+    "set_memory_limit",
+    "memory_limit",
+    "format_bytes",
+]
+
+_state: dict[str, int | None] = {"memory_limit": None}
+
+
+class MemoryLimitError(ValueError, MemoryError):
+    """A request would allocate more than the memory limit; raised before allocating."""
+
+
+def default_memory_limit() -> int:
+    """A quarter of the machine's physical memory, in bytes (4 GiB where it cannot be read).
+
+    Examples
+    --------
+    >>> default_memory_limit() > 0
+    True
+    """
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        total = 16 << 30
+    return max(1, int(total) // 4)
+
+
+def _check(nbytes: object) -> int:
+    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)) or not nbytes > 0:
+        raise ValueError(f"memory_limit: must be a positive number of bytes, got {nbytes!r}")
+    if nbytes == float("inf"):
+        raise ValueError(f"memory_limit: must be a positive number of bytes, got {nbytes!r}")
+    return int(nbytes)
+
+
+def get_memory_limit() -> int:
+    """The memory limit in bytes (:func:`default_memory_limit` unless one was set).
+
+    Examples
+    --------
+    >>> get_memory_limit() == default_memory_limit()
+    True
+    """
+    limit = _state["memory_limit"]
+    return default_memory_limit() if limit is None else limit
+
+
+def set_memory_limit(nbytes: int | None) -> None:
+    """Set the memory limit to ``nbytes`` (> 0), or back to the default with None.
+
+    Raises
+    ------
+    ValueError
+        When ``nbytes`` is not a positive number.
+
+    Examples
+    --------
+    >>> set_memory_limit(2 << 30); get_memory_limit()
+    2147483648
+    >>> set_memory_limit(None)
+    """
+    _state["memory_limit"] = None if nbytes is None else _check(nbytes)
+
+
+@contextmanager
+def memory_limit(nbytes: int) -> Iterator[int]:
+    """Use ``nbytes`` as the memory limit inside a ``with`` block.
+
+    Examples
+    --------
+    >>> with memory_limit(1000) as limit:
+    ...     limit
+    1000
+    """
+    new = _check(nbytes)
+    old = _state["memory_limit"]
+    _state["memory_limit"] = new
+    try:
+        yield new
+    finally:
+        _state["memory_limit"] = old
+
+
+def format_bytes(nbytes: float) -> str:
+    """``nbytes`` for people: ``'1.5 GB'``, ``'300 MB'``, ``'12 kB'``.
+
+    Examples
+    --------
+    >>> format_bytes(1.5e9), format_bytes(3e8), format_bytes(512)
+    ('1.5 GB', '300 MB', '512 B')
+    """
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= size:
+            value = nbytes / size
+            return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
+    return f"{int(nbytes)} B"

@@ -1,0 +1,139 @@
+"""Row ranges of a pattern, the memory guard of the whole CSR, and streamed consumers.
+
+Every row range is compared with the rows of the materialized CSR (built by the
+generator's ``build``), which tests/test_patterns.py compares with the dense
+oracle: so ``rows`` is checked against an independent reference transitively.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparse_patterns import BlockLayout, Pattern, config, make
+from sparse_patterns.config import MemoryLimitError
+
+FAMILIES = [
+    ("full", {}),
+    ("strided", {"stride": 5}),
+    ("strided", {"stride": 4, "window": "reference"}),
+    ("fixed", {"stride": 6, "c": 2, "summary_heads": 2}),
+    ("local", {"window": 3}),
+    ("dilated", {"window": 3, "dilation": 2}),
+    ("factorized", {"p": 3}),
+    ("longformer", {"window": 2, "global_tokens": 2, "dilation": 2}),
+    ("axial2d", {"height": 7, "width": 7}),
+    ("local2d", {"height": 7, "width": 7}),
+    ("bigbird", {"block": 4, "window_blocks": 3, "global_blocks": 1, "random_blocks": 1}),
+]
+
+
+def _generated(name: str, params: dict, causal: bool) -> Pattern:
+    return make(name, 49, **params, causal=causal)
+
+
+def _same(a: sp.csr_matrix, b: sp.csr_matrix) -> None:
+    assert a.shape == b.shape
+    np.testing.assert_array_equal(a.indptr, b.indptr)
+    np.testing.assert_array_equal(a.indices, b.indices)
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize(("name", "params"), FAMILIES, ids=lambda x: str(x))
+def test_rows_equal_the_materialized_rows(name, params, causal, data):
+    lazy = _generated(name, params, causal)
+    whole = _generated(name, params, causal)
+    heads, union = whole.heads, whole.union()
+    n = whole.n
+    start = data.draw(st.integers(0, n), label="start")
+    stop = data.draw(st.integers(start, n), label="stop")
+    for k in range(whole.num_heads):
+        _same(lazy.rows(start, stop, head=k), heads[k][start:stop])
+    _same(lazy.rows(start, stop), union[start:stop])
+    assert not lazy.materialized or lazy.rule is None or lazy.rule.rows is None
+
+
+@pytest.mark.parametrize(("name", "params"), FAMILIES, ids=lambda x: str(x))
+def test_counts_nnz_density_without_the_csr_equal_the_csr(name, params):
+    for causal in (True, False):
+        lazy, whole = _generated(name, params, causal), _generated(name, params, causal)
+        want = np.stack([*(np.diff(h.indptr) for h in whole.heads), np.diff(whole.union().indptr)])
+        np.testing.assert_array_equal(lazy.row_counts(), want)
+        assert lazy.nnz == whole.union().nnz
+        assert lazy.head_nnz == tuple(h.nnz for h in whole.heads)
+        assert lazy.density == whole.union().nnz / 49**2
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 8, 49])
+def test_iter_rows_covers_every_row_once(chunk):
+    pat = make("fixed", 49, stride=6, c=2)
+    got = [sp.vstack(m) for m in zip(*(mats for _, _, mats in pat.iter_rows(chunk)))]
+    for g, h in zip(got, pat.heads):
+        _same(sp.csr_matrix(g), h)
+    spans = [(a, b) for a, b, _ in pat.iter_rows(chunk)]
+    assert spans[0][0] == 0 and spans[-1][1] == 49
+    assert all(b0 == a1 for (_, b0), (a1, _) in zip(spans, spans[1:]))
+
+
+def test_user_layout_answers_rows_by_slicing():
+    dense = np.tril(np.random.default_rng(3).random((30, 30)) < 0.3)
+    pat = Pattern.from_dense(dense)
+    assert pat.rule is None
+    np.testing.assert_array_equal(pat.rows(10, 20).toarray(), dense[10:20])
+
+
+@pytest.mark.parametrize("block", [1, 4, 7, 64])
+def test_to_blocks_of_a_user_layout_in_small_chunks_equals_one_chunk(block, monkeypatch):
+    dense = np.tril(np.random.default_rng(5).random((3, 50, 50)) < 0.2)
+    pat = Pattern.from_dense(dense)
+    whole = BlockLayout.from_pattern(pat, block)
+    monkeypatch.setattr(Pattern, "chunk_rows", lambda self, entries=0: 1)
+    assert BlockLayout.from_pattern(Pattern.from_dense(dense), block) == whole
+
+
+def test_the_guard_refuses_the_whole_csr_before_building_it():
+    pat = make("strided", 4096, stride=64)
+    with config.memory_limit(1000), pytest.raises(MemoryLimitError) as err:
+        pat.heads  # noqa: B018
+    msg = str(err.value)
+    assert msg.startswith("heads: the token-level CSR of strided at n=4,096 needs")
+    assert "above the memory limit of 1000 B" in msg and "pattern.rows" in msg
+    assert not pat.materialized
+    with config.memory_limit(1000), pytest.raises(MemoryLimitError, match="^union: "):
+        pat.union()
+    # row ranges, counts and the block level still work under the tiny limit
+    with config.memory_limit(1000):
+        assert pat.rows(100, 101).nnz == 65  # window {36 .. 100} holds the stride head {36, 100}
+        assert pat.to_blocks(64).nb == 64
+    assert isinstance(MemoryLimitError("x"), ValueError)
+
+
+@pytest.mark.parametrize(("start", "stop", "match"), [
+    (-1, 3, "start, stop: need 0 <= start <= stop <= n=16, got start=-1, stop=3"),
+    (5, 4, "start, stop: need 0 <= start <= stop <= n=16, got start=5, stop=4"),
+    (0, 17, "start, stop: need 0 <= start <= stop <= n=16, got start=0, stop=17"),
+    (0.5, 3, r"start: must be an int in \[0, 16\], got 0.5"),
+])
+def test_bad_row_ranges(start, stop, match):
+    with pytest.raises(ValueError, match=match):
+        make("strided", 16, stride=4).rows(start, stop)
+
+
+def test_bad_head_and_chunk():
+    pat = make("strided", 16, stride=4)
+    with pytest.raises(ValueError, match=r"head: must be an int in \[0, 2\), got 2"):
+        pat.rows(0, 4, head=2)
+    with pytest.raises(ValueError, match="chunk: must be an int >= 1, got 0"):
+        next(pat.iter_rows(0))
+
+
+@pytest.mark.parametrize("bad", [0, -5, 0.0, True, "1GB", float("inf")])
+def test_bad_memory_limits(bad):
+    with pytest.raises(ValueError, match="memory_limit: must be a positive number of bytes"):
+        config.set_memory_limit(bad)
+    assert config.get_memory_limit() == config.default_memory_limit()
