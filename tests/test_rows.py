@@ -72,12 +72,12 @@ def test_counts_nnz_density_without_the_csr_equal_the_csr(name, params):
 @pytest.mark.parametrize("chunk", [1, 3, 8, 49])
 def test_iter_rows_covers_every_row_once(chunk):
     pat = make("fixed", 49, stride=6, c=2)
-    got = [sp.vstack(m) for m in zip(*(mats for _, _, mats in pat.iter_rows(chunk)))]
-    for g, h in zip(got, pat.heads):
+    got = [sp.vstack(m) for m in zip(*(mats for _, _, mats in pat.iter_rows(chunk)), strict=True)]
+    for g, h in zip(got, pat.heads, strict=True):
         _same(sp.csr_matrix(g), h)
     spans = [(a, b) for a, b, _ in pat.iter_rows(chunk)]
     assert spans[0][0] == 0 and spans[-1][1] == 49
-    assert all(b0 == a1 for (_, b0), (a1, _) in zip(spans, spans[1:]))
+    assert all(b0 == a1 for (_, b0), (a1, _) in zip(spans, spans[1:], strict=False))
 
 
 def test_user_layout_answers_rows_by_slicing():
