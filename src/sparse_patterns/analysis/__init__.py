@@ -7,17 +7,44 @@ Transformer requires (Child et al. 2019, arXiv:1904.10509, section 4.1);
 :func:`explain` shows a shortest path or why none exists; :func:`hop_matrix`
 gives every pair's hop distance for small n; :func:`scaling` fits how
 ``|A_i|`` grows with n; :func:`bottleneck` finds the minimum vertex cut between
-early positions and a later one (networkx, small n).
+early positions and a later one (networkx, small n); :func:`budgets` and
+:func:`budget_table` give ``|A_i|`` against ``n^(1/p)``. Results print
+themselves (``table()``, rich) and serialize (``to_dict()``, JSON).
+
+The rooms: ``criteria`` (verify, hops, explain), ``report`` (VerifyReport,
+Explanation), ``blocks`` (the block-level check), ``budget``, ``sweep``
+(scaling), ``cuts`` (bottleneck), and the private ``_common`` (shared checks,
+run structures, step matrices), ``_numba`` and ``_bits`` (the kernels). The
+names below load on first use, so reading budgets imports no numba.
 """
 
 from __future__ import annotations
 
-from .bottleneck import Bottleneck, bottleneck
-from .budget import HeadBudget, block_budgets, budgets
-from .criteria import MODES, Explanation, VerifyReport, explain, hop_matrix, verify
-from .scaling import ScalingTable, scaling
+import importlib
+from typing import Any
 
-__all__ = [
-    "verify", "explain", "hop_matrix", "scaling", "bottleneck", "budgets", "block_budgets",
-    "VerifyReport", "Explanation", "ScalingTable", "Bottleneck", "HeadBudget", "MODES",
-]
+from ..pattern import MODES
+
+#: public name -> the module of this package that defines it
+_LAZY = {
+    "verify": "criteria", "explain": "criteria", "hop_matrix": "criteria",
+    "VerifyReport": "report", "Explanation": "report",
+    "scaling": "sweep", "ScalingTable": "sweep",
+    "bottleneck": "cuts", "Bottleneck": "cuts",
+    "budgets": "budget", "block_budgets": "budget", "budget_table": "budget",
+    "HeadBudget": "budget", "BudgetTable": "budget",
+}
+
+__all__ = ["MODES", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -2,17 +2,24 @@
 
 The Sparse Transformer asks that ``|A_i|`` grow like ``n^(1/p)`` for a pattern of
 p heads, so that the total work is ``O(n * n^(1/p))`` instead of ``O(n^2)``.
+:func:`budgets` gives the figures of a pattern, :func:`block_budgets` the
+upper bounds of a block layout, and :func:`budget_table` a :class:`BudgetTable`
+that prints itself (``patterns show``).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
 from ..pattern import BlockLayout, Pattern
 
-__all__ = ["HeadBudget", "budgets", "block_budgets"]
+__all__ = ["HeadBudget", "BudgetTable", "budgets", "block_budgets", "budget_table", "PICTURE_LIMIT"]
+
+#: Largest n for which :func:`budget_table` keeps a text picture of the pattern.
+PICTURE_LIMIT = 64
 
 
 @dataclass(frozen=True)
@@ -131,3 +138,107 @@ def block_budgets(layout: BlockLayout, p: int | None = None) -> list[HeadBudget]
             )
         )
     return out
+
+
+@dataclass(frozen=True)
+class BudgetTable:
+    """A pattern's budgets per head and for the union, with a text picture for small n.
+
+    Attributes
+    ----------
+    name : str
+    n : int
+    params : dict
+    causal : bool
+    heads : tuple of HeadBudget
+        One per head in order, then the union (see :func:`budgets`).
+    picture : str or None
+        :meth:`Pattern.to_string` for ``n <= PICTURE_LIMIT``, else None.
+    """
+
+    name: str
+    n: int
+    params: dict[str, Any] = field(default_factory=dict)
+    causal: bool = True
+    heads: tuple[HeadBudget, ...] = ()
+    picture: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict: name, n, params, causal, heads (budget dicts), picture."""
+        return {
+            "name": self.name,
+            "n": self.n,
+            "params": dict(self.params),
+            "causal": self.causal,
+            "heads": [h.to_dict() for h in self.heads],
+            "picture": self.picture,
+        }
+
+    def table(self) -> Any:
+        """A rich renderable: a title line, the picture with its legend, the budgets table.
+
+        Returns
+        -------
+        rich.console.Group
+
+        Examples
+        --------
+        >>> from rich.console import Console
+        >>> from sparse_patterns import make
+        >>> out = Console(width=80, color_system=None)
+        >>> with out.capture() as cap:
+        ...     out.print(budget_table(make("strided", 4, stride=2)).table())
+        >>> print(cap.get().splitlines()[0])
+        strided(stride=2, window=paper, causal=True)  n=4  heads=2
+        """
+        from rich.console import Group  # noqa: PLC0415
+        from rich.table import Table  # noqa: PLC0415
+        from rich.text import Text  # noqa: PLC0415
+
+        names = [h.head for h in self.heads[:-1]]
+        ps = ", ".join(f"{k}={v}" for k, v in self.params.items())
+        out: list[Any] = [Text.from_markup(f"[bold]{self.name}[/]({ps})  n={self.n}  heads={len(names)}")]
+        if self.picture is not None:
+            legend = "  ".join(f"{k + 1}={h}" for k, h in enumerate(names) if k < 9)
+            out.append(Text(self.picture))
+            out.append(Text(f"rows are outputs i, columns inputs j; {legend}; # = several heads"))
+        t = Table()
+        for col in ("head", "nnz", "density", "max |A_i|", "mean |A_i|", "n^(1/p)", "max/n^(1/p)"):
+            t.add_column(col, justify="right")
+        for r in self.heads:
+            t.add_row(r.head, f"{r.nnz:,}", f"{r.density:.4g}", str(r.max_row), f"{r.mean_row:.2f}",
+                      f"{r.root:.2f}", f"{r.max_over_root:.2f}")
+        out.append(t)
+        return Group(*out)
+
+
+def budget_table(pattern: Pattern, p: int | None = None) -> BudgetTable:
+    """The budgets of a pattern (:func:`budgets`) with what ``patterns show`` prints around them.
+
+    Parameters
+    ----------
+    pattern : Pattern
+    p : int, optional
+        As in :func:`budgets`.
+
+    Returns
+    -------
+    BudgetTable
+
+    Examples
+    --------
+    >>> from sparse_patterns import make
+    >>> t = budget_table(make("strided", 16, stride=4))
+    >>> [h.head for h in t.heads], t.picture.splitlines()[0]
+    (['A1', 'A2', 'union'], '#...............')
+    """
+    if not isinstance(pattern, Pattern):
+        raise ValueError(f"pattern: expected a Pattern, got {type(pattern).__name__}")
+    return BudgetTable(
+        name=pattern.name,
+        n=pattern.n,
+        params=dict(pattern.params),
+        causal=pattern.causal,
+        heads=tuple(budgets(pattern, p)),
+        picture=pattern.to_string() if pattern.n <= PICTURE_LIMIT else None,
+    )

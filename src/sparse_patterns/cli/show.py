@@ -5,9 +5,10 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from ..analysis.budget import budgets
 from ..patterns import registry
 from ._app import PATTERN_CONTEXT, app, cli_command, console, emit_json, pattern_from_args
+
+__all__ = ["list_patterns", "list_cmd", "show_cmd"]
 
 
 def list_patterns() -> list[dict]:
@@ -57,32 +58,10 @@ def show_cmd(
 
     Pattern parameters are options of the same name: --stride 8 --c 2 --window reference.
     """
-    pat = pattern_from_args(name, n, ctx.args, file)
-    rows = budgets(pat)
-    picture = pat.to_string() if pat.n <= 64 else None
+    from ..analysis.budget import budget_table  # noqa: PLC0415
+
+    result = budget_table(pattern_from_args(name, n, ctx.args, file))
     if json_out:
-        emit_json(
-            {
-                "name": pat.name,
-                "n": pat.n,
-                "params": dict(pat.params),
-                "causal": pat.causal,
-                "heads": [r.to_dict() for r in rows],
-                "picture": picture,
-            }
-        )
-        return
-    ps = ", ".join(f"{k}={v}" for k, v in pat.params.items())
-    console.print(f"[bold]{pat.name}[/]({ps})  n={pat.n}  heads={pat.num_heads}", highlight=False)
-    if picture is not None:
-        legend = "  ".join(f"{k + 1}={h}" for k, h in enumerate(pat.head_names) if k < 9)
-        console.print(picture, highlight=False, markup=False)
-        console.print(f"rows are outputs i, columns inputs j; {legend}; # = several heads",
-                      highlight=False)
-    t = Table()
-    for col in ("head", "nnz", "density", "max |A_i|", "mean |A_i|", "n^(1/p)", "max/n^(1/p)"):
-        t.add_column(col, justify="right")
-    for r in rows:
-        t.add_row(r.head, f"{r.nnz:,}", f"{r.density:.4g}", str(r.max_row), f"{r.mean_row:.2f}",
-                  f"{r.root:.2f}", f"{r.max_over_root:.2f}")
-    console.print(t)
+        emit_json(result.to_dict())
+    else:
+        console.print(result.table())

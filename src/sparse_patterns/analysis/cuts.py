@@ -89,11 +89,11 @@ def bottleneck(
     """
     import networkx as nx  # noqa: PLC0415
 
-    from .criteria import _check_common, _step_mats  # noqa: PLC0415
+    from ._common import check_common, step_mats  # noqa: PLC0415
 
     if not isinstance(pattern, Pattern):
         raise ValueError(f"pattern: expected a Pattern, got {type(pattern).__name__}")
-    p, mode, residual = _check_common(p, mode, residual, pattern.num_heads)
+    p, mode, residual = check_common(p, mode, residual, pattern.num_heads)
     n = pattern.n
     if (p + 1) * n > BOTTLENECK_LIMIT:
         raise ValueError(
@@ -107,7 +107,7 @@ def bottleneck(
         if not src:
             raise ValueError("sources: give at least one input position, got none")
     target = check_int("target", target, 0, n - 1)
-    mats, _ = _step_mats(pattern, p, mode)
+    mats, _ = step_mats(pattern, p, mode)
     eye = sp.identity(n, dtype=bool, format="csr")
     steps = [(m + eye).tocsr() if residual else m.tocsr() for m in mats]
     # forward reach from the sources and backward reach from the target, per layer

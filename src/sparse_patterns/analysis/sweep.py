@@ -74,6 +74,49 @@ class ScalingTable:
                 d[key] = None
         return d
 
+    def table(self) -> Any:
+        """The sweep as a rich renderable: one row per n, then the fitted exponents.
+
+        Parameters that follow n (``"sqrt"``, ``"cbrt"``) get a column of their
+        resolved values.
+
+        Returns
+        -------
+        rich.console.Group
+
+        Examples
+        --------
+        >>> from rich.console import Console
+        >>> out = Console(width=100, color_system=None)
+        >>> with out.capture() as cap:
+        ...     out.print(scaling("strided", [16, 64], stride="sqrt").table())
+        >>> cap.get().splitlines()[-1].split(";")[0]
+        'fitted exponent of max |A_i|: 0.550  (mean |A_i|: 0.555)'
+        """
+        from rich.console import Group  # noqa: PLC0415
+        from rich.table import Table  # noqa: PLC0415
+        from rich.text import Text  # noqa: PLC0415
+
+        ps = ", ".join(f"{k}={v}" for k, v in self.params.items())
+        t = Table(title=f"{self.name}({ps}): |A_i| against n")
+        follow = [k for k, v in self.params.items() if isinstance(v, str) and v in ("sqrt", "cbrt")]
+        for col in ("n", *follow, "max |A_i|", "mean |A_i|", f"n^(1/{self.p})", "max/n^(1/p)",
+                    "nnz", "nnz/(n n^(1/p))"):
+            t.add_column(col, justify="right")
+        for k, n in enumerate(self.ns):
+            root = n ** (1.0 / self.p)
+            t.add_row(
+                f"{n:,}", *(str(self.resolved[k][f]) for f in follow), f"{self.max_row[k]:,}",
+                f"{self.mean_row[k]:.2f}", f"{root:.2f}", f"{self.max_row[k] / root:.2f}",
+                f"{self.nnz[k]:,}", f"{self.nnz[k] / (n * root):.2f}",
+            )
+        fit = "n/a (one n)" if self.exponent != self.exponent else f"{self.exponent:.3f}"
+        mfit = "n/a" if self.mean_exponent != self.mean_exponent else f"{self.mean_exponent:.3f}"
+        return Group(t, Text(
+            f"fitted exponent of max |A_i|: {fit}  (mean |A_i|: {mfit});  expected 1/p = "
+            f"{self.expected:.3f} (p = {self.p})"
+        ))
+
 
 def _slope(ns: Sequence[int], ys: Sequence[float]) -> float:
     x = np.log(np.asarray(ns, dtype=np.float64))
@@ -115,7 +158,7 @@ def scaling(name: str, ns: Sequence[int], **params: Any) -> ScalingTable:
     >>> t.max_row, t.expected, round(t.exponent, 2)
     ([7, 15, 31], 0.5, 0.54)
     """
-    from .criteria import _counts  # noqa: PLC0415
+    from ._common import counts  # noqa: PLC0415
 
     registry.get(name)
     if isinstance(ns, (int, np.integer)):
@@ -128,15 +171,15 @@ def scaling(name: str, ns: Sequence[int], **params: Any) -> ScalingTable:
     names: list[str] = []
     for n in ns:
         pat = registry.make(name, n, **params)
-        counts, _, _ = _counts(pat, want_union=False)
+        rows, _, _ = counts(pat, want_union=False)
         p = pat.num_heads
         names = list(pat.head_names)
-        mx.append(int(counts[-1].max()))
-        mean.append(float(counts[-1].mean()))
-        nnz.append(int(counts[-1].sum()))
-        hmx.append([int(c.max()) for c in counts[:-1]])
-        hmean.append([float(c.mean()) for c in counts[:-1]])
-        hnnz.append([int(c.sum()) for c in counts[:-1]])
+        mx.append(int(rows[-1].max()))
+        mean.append(float(rows[-1].mean()))
+        nnz.append(int(rows[-1].sum()))
+        hmx.append([int(c.max()) for c in rows[:-1]])
+        hmean.append([float(c.mean()) for c in rows[:-1]])
+        hnnz.append([int(c.sum()) for c in rows[:-1]])
         resolved.append(dict(pat.params))
     return ScalingTable(
         name=name,
