@@ -303,3 +303,34 @@ def test_malformed_pt_rejected(tmp_path):
     torch.save({"weights": torch.zeros(3)}, f)
     with pytest.raises(ValueError, match="not a file written by 'patterns export'"):
         load(f)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
+def test_every_written_file_gets_the_umask_mode(tmp_path, umask):
+    # pattern files and figures share one atomic writer: a new file gets 0o666 & ~umask
+    # (mkstemp alone would leave 0o600), as open(path, "w") would
+    import importlib.util
+    import os
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sparse_patterns.export import save_torch_export
+    from sparse_patterns.render import save_figure
+
+    pat = make("strided", 16, stride=4)
+    old = os.umask(umask)
+    try:
+        paths = [save(pat, tmp_path / f"p{suffix}") for suffix in (".npz", ".safetensors", ".json")]
+        fig = plt.figure()
+        paths.append(save_figure(fig, tmp_path / "f.png"))
+        plt.close(fig)
+        if importlib.util.find_spec("torch") is not None:
+            paths.append(save_torch_export(pat, tmp_path / "p.pt", "deepspeed", block=4))
+    finally:
+        os.umask(old)
+    for path in paths:
+        assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask, path
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths)

@@ -1,60 +1,24 @@
 """``patterns export``: write a pattern for FlexAttention, DeepSpeed, xformers,
 Triton or Block-Sparse-Attention (a ``.pt`` of tensors), or as a file
-(``.npz``, ``.safetensors``, ``.json`` recipe) that ``--file`` reads back."""
+(``.npz``, ``.safetensors``, ``.json`` recipe) that ``--file`` reads back.
+
+Parse, one call (:func:`sparse_patterns.export.export_pattern`), print; the
+formats and their suffixes come from the one table, ``export.formats.FORMATS``."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 
-from ._app import (
-    PATTERN_CONTEXT,
-    UsageError,
-    app,
-    cli_command,
-    console,
-    emit_json,
-    pattern_from_args,
+from ..export.formats import FORMATS, TORCH_FORMATS
+from ._app import PATTERN_CONTEXT, app, cli_command, console, emit_json, pattern_from_args
+
+__all__ = ["export_cmd"]
+
+_FORMAT_HELP = (
+    f"{'|'.join(TORCH_FORMATS)} (a .pt of tensors) or "
+    f"{'|'.join(name for name in FORMATS if name not in TORCH_FORMATS)}; "
+    "default: from the suffix of -o."
 )
-
-__all__ = ["export_cmd", "export_pattern", "EXPORT_FORMATS"]
-
-#: ``--format`` choices and the suffix each writes
-EXPORT_FORMATS = {
-    "flex": ".pt", "deepspeed": ".pt", "xformers": ".pt", "triton": ".pt", "bsa": ".pt",
-    "npz": ".npz", "safetensors": ".safetensors", "json": ".json",
-}
-
-
-def export_pattern(pattern, fmt: str | None, out: str, *, block: int | None = None,
-                   mode: str = "multihead", num_heads: int | None = None) -> dict:
-    """Write ``pattern`` in format ``fmt`` to ``out``; return a summary dict."""
-    from ..export import save, save_torch_export  # noqa: PLC0415
-
-    path = Path(out)
-    suffix = path.suffix.lower()
-    if fmt is None:
-        by_suffix = {v: k for k, v in EXPORT_FORMATS.items() if v != ".pt"}
-        if suffix not in by_suffix:
-            raise UsageError(
-                f"format: give --format ({', '.join(EXPORT_FORMATS)}); the suffix "
-                f"{suffix or '(none)'!r} of {out!r} does not name one"
-            )
-        fmt = by_suffix[suffix]
-    if fmt not in EXPORT_FORMATS:
-        raise UsageError(f"format: must be one of {', '.join(EXPORT_FORMATS)}; got {fmt!r}")
-    want = EXPORT_FORMATS[fmt]
-    if suffix != want:
-        raise UsageError(f"output: --format {fmt} writes a {want} file; got {out!r}")
-    if want == ".pt":
-        save_torch_export(pattern, path, fmt, block=block, mode=mode, num_heads=num_heads)
-    else:
-        if block is not None or mode != "multihead" or num_heads is not None:
-            raise UsageError(f"block: --block, --mode and --num-heads apply to the torch formats, not {fmt}")
-        save(pattern, path)
-    return {"file": str(path), "format": fmt, "name": pattern.name, "n": pattern.n,
-            "heads": pattern.num_heads, "bytes": path.stat().st_size}
 
 
 @app.command("export", context_settings=PATTERN_CONTEXT)
@@ -64,11 +28,7 @@ def export_cmd(
     name: str = typer.Argument(None, help="Pattern name (see `patterns list`)."),
     n: int = typer.Option(None, "--n", help="Sequence length."),
     file: str = typer.Option(None, "--file", help="Read the pattern from a saved file instead."),
-    fmt: str = typer.Option(
-        None, "--format",
-        help="flex|deepspeed|xformers|triton|bsa (a .pt of tensors) or npz|safetensors|json; "
-             "default: from the suffix of -o.",
-    ),
+    fmt: str = typer.Option(None, "--format", help=_FORMAT_HELP),
     out: str = typer.Option(..., "-o", "--output", help="Output file."),
     block: int = typer.Option(None, "--block", help="Block size (flex 128, bsa 128, layouts 16)."),
     mode: str = typer.Option("multihead", "--mode", help="multihead (head h uses h mod p) or merged."),
@@ -81,13 +41,11 @@ def export_cmd(
     --stride 64 --format flex -o strided.pt. A .pt holds a dict of tensors; read it with
     torch.load(f, weights_only=True).
     """
+    from ..export import export_pattern  # noqa: PLC0415
+
     pat = pattern_from_args(name, n, ctx.args, file)
-    info = export_pattern(pat, fmt, out, block=block, mode=mode, num_heads=num_heads)
+    result = export_pattern(pat, out, fmt, block=block, mode=mode, num_heads=num_heads)
     if json_out:
-        emit_json(info)
+        emit_json(result.to_dict())
         return
-    console.print(
-        f"wrote {info['file']}  ({info['format']}, {info['name']}, n={info['n']}, "
-        f"heads={info['heads']}, {info['bytes']:,} bytes)",
-        highlight=False, markup=False, soft_wrap=True,
-    )
+    console.print(result.summary(), highlight=False, markup=False, soft_wrap=True)

@@ -10,9 +10,14 @@
 * :func:`to_sdpa_mask` / :func:`from_sdpa_mask` -- dense boolean or additive
   masks for ``scaled_dot_product_attention`` (small n only).
 * :func:`save` / :func:`load` -- ``.npz``, ``.safetensors`` and ``.json`` recipes,
-  loaded safely (no pickle, sizes checked before allocating).
+  loaded safely (no pickle, sizes checked before allocating);
+  :func:`export_pattern` writes any format (the torch targets' ``.pt`` too,
+  :func:`save_torch_export`), as ``patterns export`` does.
 
-torch is imported only inside the functions that need it.
+One module per format (``npz``, ``safetensors``, ``recipe``, ``pt``, ``flex``,
+``blocks``, ``dense``); one table of formats, :data:`FORMATS` (module
+``formats``), through which :func:`save`, :func:`load`, :func:`export_pattern`
+and the CLI dispatch. torch is imported only inside the functions that need it.
 """
 
 from __future__ import annotations
@@ -26,11 +31,15 @@ from .blocks import (
     to_bsa_mask,
 )
 from .dense import from_sdpa_mask, to_sdpa_mask
-from .files import FILE_FORMATS, from_recipe, load, save, save_torch_export, to_recipe
+from .files import ExportResult, export_pattern, load, save
 from .flex import MASK_IMPLS, flex_mask_mod, from_flex_block_mask, to_flex_block_mask
+from .formats import FILE_FORMATS, FORMATS, Format
+from .pt import save_torch_export
+from .recipe import from_recipe, to_recipe
 
 __all__ = [
     "save", "load", "to_recipe", "from_recipe", "save_torch_export", "FILE_FORMATS",
+    "export_pattern", "ExportResult", "FORMATS", "Format",
     "to_flex_block_mask", "flex_mask_mod", "from_flex_block_mask", "MASK_IMPLS",
     "to_block_layout", "from_block_layout", "to_bsa_mask", "from_bsa_mask", "LAYOUT_FORMATS",
     "BSA_BLOCK", "to_sdpa_mask", "from_sdpa_mask",

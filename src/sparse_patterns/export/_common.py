@@ -9,12 +9,9 @@ from typing import Any
 import numpy as np
 
 from .._validate import check_choice, check_int
-from ..pattern import BlockLayout, Pattern
+from ..pattern import KERNEL_MODES, BlockLayout, Pattern
 
-__all__ = ["MODES", "head_plan", "head_layouts", "to_torch"]
-
-#: how attention heads map to pattern heads
-MODES = ("multihead", "merged")
+__all__ = ["head_plan", "head_layouts", "to_torch"]
 
 
 def head_plan(pattern: Pattern, mode: str, num_heads: int | None) -> tuple[str, list[int]]:
@@ -27,7 +24,7 @@ def head_plan(pattern: Pattern, mode: str, num_heads: int | None) -> tuple[str, 
     """
     if not isinstance(pattern, Pattern):
         raise ValueError(f"pattern: expected a Pattern, got {type(pattern).__name__}")
-    mode = check_choice("mode", mode, MODES)
+    mode = check_choice("mode", mode, KERNEL_MODES)
     p = pattern.num_heads
     if num_heads is None:
         num_heads = p if mode == "multihead" else 1

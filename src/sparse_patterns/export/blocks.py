@@ -18,14 +18,12 @@ import numpy as np
 from .._validate import MAX_N, check_bool, check_choice, check_int
 from ..pattern import BlockLayout, Pattern
 from ._common import head_layouts, head_plan, to_torch
+from .formats import LAYOUT_FORMATS
 
 __all__ = [
     "LAYOUT_FORMATS", "to_block_layout", "from_block_layout", "to_bsa_mask", "from_bsa_mask",
     "BSA_BLOCK",
 ]
-
-#: the libraries whose ``(H, nb, nb)`` integer layout :func:`to_block_layout` writes
-LAYOUT_FORMATS = ("deepspeed", "xformers", "triton")
 
 #: Block-Sparse-Attention's fixed block size in tokens
 BSA_BLOCK = 128

@@ -6,8 +6,9 @@ dense n x n mask; and the way back from any ``BlockMask`` to a
 
 The ``mask_mod`` is exact at every position (FlexAttention's eager path
 evaluates it everywhere; the compiled kernel only on partial blocks). For the
-registered families it is arithmetic in the generator's parameters (``(q - kv)
-% l == 0``, ``kv // l == q // l``, ...); for any other pattern it reads a bit
+registered families it is the formula each family registers beside its
+generator (``REGISTRY[name].flex``: arithmetic in the generator's parameters,
+``(q - kv) % l == 0``, ``kv // l == q // l``, ...); for any other pattern it reads a bit
 table of the partial tiles built from the CSR (two gathers, quick to
 compile), or, when that table would be too big, binary-searches the sorted
 CSR row (memory O(nnz); exact, but slow to compile).
@@ -32,99 +33,18 @@ __all__ = [
 #: how the mask_mod decides membership
 MASK_IMPLS = ("auto", "formula", "csr")
 
-Rule = Callable[[Any, Any], Any]
+Rule = Callable[[Any, Any], Any]  # rule(q_idx, kv_idx) -> bool tensor, one head
 
 
 # --------------------------------------------------------------- formulas
-def _causal(rule: Rule, causal: bool) -> Rule:
-    if not causal:
-        return rule
-    return lambda q, kv: rule(q, kv) & (kv <= q)
-
-
-def _band(lo: int, hi: int) -> Rule:
-    """``lo <= q - kv <= hi``."""
-    return lambda q, kv: ((q - kv) >= lo) & ((q - kv) <= hi)
-
-
-def _family_rules(pattern: Pattern) -> list[Rule] | None:
-    """One ``rule(q, kv) -> bool tensor`` per head for a registered family, or None."""
-    import torch  # noqa: PLC0415
-
-    name, p, n = pattern.name, dict(pattern.params), pattern.n
-    causal = bool(p.get("causal", pattern.causal))
-    true = lambda q, kv: (q >= 0) & (kv >= 0)  # noqa: E731
-    if name == "full":
-        return [_causal(true, causal)]
-    if name in ("local", "dilated"):
-        w, d = p["window"], p.get("dilation", 1)
-        reach = min(w * d, n)
-        band = _band(-reach if not causal else 0, reach)
-        if d == 1:
-            return [band]
-        return [lambda q, kv: band(q, kv) & (torch.remainder(q - kv, d) == 0)]
-    if name == "strided":
-        l = p["stride"]
-        w = l if p["window"] == "paper" else l - 1
-        a1 = _band(0 if causal else -w, w)
-        a2 = _causal(lambda q, kv: torch.remainder(q - kv, l) == 0, causal)
-        return [a1, a2]
-    if name == "fixed":
-        l, c, k = p["stride"], p["c"], p["summary_heads"]
-        rules = [_causal(lambda q, kv: (q // l) == (kv // l), causal)]
-        for h in range(k):
-            lo, hi = l - (h + 1) * c, l - h * c
-
-            def summary(q, kv, lo=lo, hi=hi):
-                r = torch.remainder(kv, l)
-                return (r >= lo) & (r < hi) & (q >= 0)
-
-            rules.append(_causal(summary, causal))
-        return rules
-    if name == "longformer":
-        w, g, d = p["window"], p["global_tokens"], p["dilation"]
-        reach = min(w * d, n)
-        band = _band(-reach if not causal else 0, reach)
-        win = band if d == 1 else (lambda q, kv: band(q, kv) & (torch.remainder(q - kv, d) == 0))
-        glob = _causal(lambda q, kv: (q < g) | (kv < g), causal)
-        return [win, glob]
-    if name == "axial2d":
-        w = p["width"]
-        row = _causal(lambda q, kv: (q // w) == (kv // w), causal)
-        col = _causal(lambda q, kv: torch.remainder(q - kv, w) == 0, causal)
-        return [row, col]
-    if name == "factorized":
-        from ..patterns.registry import root_of  # noqa: PLC0415
-
-        l = root_of(n, p["p"])
-        rules = []
-        for m in range(1, p["p"] + 1):
-            step = min(l ** (m - 1), n)
-            reach = min((l - 1) * step, n)
-            band = _band(0 if causal else -reach, reach)
-            rules.append(
-                lambda q, kv, band=band, step=step: band(q, kv)
-                & (torch.remainder(q - kv, step) == 0)
-            )
-        return rules
-    if name == "bigbird":
-        b = p["block"]
-        bl = pattern.to_blocks(b)
-        tables = torch.from_numpy(np.array(bl.layout))  # (3, nb, nb), a writable copy
-        return [
-            _causal(lambda q, kv, t=tables[h]: t[q // b, kv // b], causal)
-            for h in range(tables.shape[0])
-        ]
-    return None
-
-
 def _trusted_formula(pattern: Pattern) -> list[Rule] | None:
-    """The family formulas, only when the pattern is what its name and params generate."""
+    """The family's registered formula (``REGISTRY[name].flex``), only when the
+    pattern is what its name and params generate."""
     from ..patterns import registry  # noqa: PLC0415
 
-    if pattern.name not in registry.REGISTRY:
+    spec = registry.REGISTRY.get(pattern.name)
+    if spec is None or spec.flex is None:
         return None
-    spec = registry.REGISTRY[pattern.name]
     if set(pattern.params) != {q.name for q in spec.params}:
         return None
     generated = pattern.rule is not None  # built by its generator
@@ -136,7 +56,7 @@ def _trusted_formula(pattern: Pattern) -> list[Rule] | None:
         if again.num_heads != pattern.num_heads or not again == pattern:
             return None
     try:
-        return _family_rules(pattern)
+        return spec.flex(pattern)
     except (KeyError, TypeError):
         return None
 

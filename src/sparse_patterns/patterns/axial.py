@@ -8,10 +8,21 @@ import numpy as np
 from .._validate import check_bool, check_int
 from ..pattern import Pattern, PatternRule
 from ._build import progression_csr
+from ._flex import Rule, causal_rule
 from .local import raster
 from .registry import Param, register
 
 __all__ = ["axial2d"]
+
+
+def _axial_flex(pattern: Pattern) -> list[Rule]:
+    """row: ``q // w == kv // w``; col: ``(q - kv) mod w == 0``."""
+    import torch  # noqa: PLC0415
+
+    w, causal = pattern.params["width"], bool(pattern.params["causal"])
+    row = causal_rule(lambda q, kv: (q // w) == (kv // w), causal)
+    col = causal_rule(lambda q, kv: torch.remainder(q - kv, w) == 0, causal)
+    return [row, col]
 
 
 @register(
@@ -21,6 +32,7 @@ __all__ = ["axial2d"]
     Param("causal", bool, True, "keep only j <= i in raster order"),
     description="row head and column head on a height x width raster",
     reference="Child et al. 2019, arXiv:1904.10509 (images); Ho et al. 2019, arXiv:1912.12180",
+    flex=_axial_flex,
 )
 def axial2d(
     n: int, height: int | None = None, width: int | None = None, causal: bool = True

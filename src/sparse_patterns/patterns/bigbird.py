@@ -6,6 +6,7 @@ import numpy as np
 
 from .._validate import check_bool, check_int
 from ..pattern import BlockLayout, Pattern, PatternRule
+from ._flex import Rule, causal_rule
 from .registry import Param, register
 
 __all__ = ["bigbird"]
@@ -33,6 +34,18 @@ def _bigbird_layouts(
     return np.stack([win, glob, rnd])
 
 
+def _bigbird_flex(pattern: Pattern) -> list[Rule]:
+    """A lookup in each head's block table: ``table[q // b, kv // b]``."""
+    import torch  # noqa: PLC0415
+
+    b, causal = pattern.params["block"], bool(pattern.params["causal"])
+    tables = torch.from_numpy(np.array(pattern.to_blocks(b).layout))  # (3, nb, nb), a writable copy
+    return [
+        causal_rule(lambda q, kv, t=tables[h]: t[q // b, kv // b], causal)
+        for h in range(tables.shape[0])
+    ]
+
+
 @register(
     "bigbird",
     Param("block", int, 64, "block size in tokens"),
@@ -43,6 +56,7 @@ def _bigbird_layouts(
     Param("causal", bool, True, "keep only j <= i (token level)"),
     description="block window, global blocks and random blocks (three heads)",
     reference="Zaheer et al. 2020, arXiv:2007.14062",
+    flex=_bigbird_flex,
 )
 def bigbird(
     n: int,

@@ -8,9 +8,27 @@ import numpy as np
 from .._validate import check_bool, check_int
 from ..pattern import Pattern, PatternRule
 from ._build import progression_csr
+from ._flex import Rule, band
 from .registry import Param, register, root_of
 
 __all__ = ["factorized"]
+
+
+def _factorized_flex(pattern: Pattern) -> list[Rule]:
+    """Head m: ``|q - kv| <= (l - 1) l^(m-1)`` and ``(q - kv) mod l^(m-1) == 0``."""
+    import torch  # noqa: PLC0415
+
+    n, p, causal = pattern.n, pattern.params["p"], bool(pattern.params["causal"])
+    l = root_of(n, p)
+    rules = []
+    for m in range(1, p + 1):
+        step = min(l ** (m - 1), n)
+        reach = min((l - 1) * step, n)
+        win = band(0 if causal else -reach, reach)
+        rules.append(
+            lambda q, kv, win=win, step=step: win(q, kv) & (torch.remainder(q - kv, step) == 0)
+        )
+    return rules
 
 
 @register(
@@ -19,6 +37,7 @@ __all__ = ["factorized"]
     Param("causal", bool, True, "keep only j <= i"),
     description="p heads, head m covers one base-l digit of i - j, l = ceil(n^(1/p))",
     reference="Child et al. 2019, arXiv:1904.10509, sec. 4.1 (p-dimensional factorization)",
+    flex=_factorized_flex,
 )
 def factorized(n: int, p: int = 2, causal: bool = True) -> Pattern:
     """Head ``m`` (1-based): ``{j <= i : (i - j) mod l^(m-1) == 0, i - j < l^m}``.

@@ -15,6 +15,7 @@ from .._validate import check_bool, check_int
 from ..pattern import Pattern, PatternRule
 from ._blocks import block_bounds, layout_of
 from ._build import prefix_csr, progression_csr, tril_counts
+from ._flex import Rule, causal_rule
 from .registry import Param, register
 
 __all__ = ["fixed", "summary_columns"]
@@ -58,6 +59,24 @@ def _summary_blocks(n: int, block: int, stride: int, s_lo: int, s_hi: int, causa
     return lay, full
 
 
+def _fixed_flex(pattern: Pattern) -> list[Rule]:
+    """A1: ``q // l == kv // l``; summary head h: ``kv mod l in [l - (h+1) c, l - h c)``."""
+    import torch  # noqa: PLC0415
+
+    p = pattern.params
+    l, c, k, causal = p["stride"], p["c"], p["summary_heads"], bool(p["causal"])
+    rules = [causal_rule(lambda q, kv: (q // l) == (kv // l), causal)]
+    for h in range(k):
+        lo, hi = l - (h + 1) * c, l - h * c
+
+        def summary(q, kv, lo=lo, hi=hi):
+            r = torch.remainder(kv, l)
+            return (r >= lo) & (r < hi) & (q >= 0)
+
+        rules.append(causal_rule(summary, causal))
+    return rules
+
+
 @register(
     "fixed",
     Param("stride", int, "sqrt", "l: block length (or 'sqrt')", follows_n=True),
@@ -66,6 +85,7 @@ def _summary_blocks(n: int, block: int, stride: int, s_lo: int, s_hi: int, causa
     Param("causal", bool, True, "keep only j <= i"),
     description="blocks of l plus c summary positions at the end of every block",
     reference="Child et al. 2019, arXiv:1904.10509, sec. 4.2 (fixed)",
+    flex=_fixed_flex,
 )
 def fixed(
     n: int, stride: int, c: int | None = None, summary_heads: int = 1, causal: bool = True

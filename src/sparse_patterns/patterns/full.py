@@ -8,9 +8,15 @@ from .._validate import check_bool, check_int
 from ..pattern import Pattern, PatternRule
 from ._blocks import distance_band, layout_of
 from ._build import progression_csr
+from ._flex import Rule, causal_rule, every
 from .registry import Param, register
 
 __all__ = ["full"]
+
+
+def _full_flex(pattern: Pattern) -> list[Rule]:
+    """Every pair (``kv <= q`` if causal)."""
+    return [causal_rule(every, bool(pattern.params["causal"]))]
 
 
 @register(
@@ -18,6 +24,7 @@ __all__ = ["full"]
     Param("causal", bool, True, "keep only j <= i"),
     description="dense attention (causal lower triangle, or every pair)",
     reference="Vaswani et al. 2017, arXiv:1706.03762",
+    flex=_full_flex,
 )
 def full(n: int, causal: bool = True) -> Pattern:
     """Dense attention: ``A_i = {0 .. i}`` (causal) or ``{0 .. n-1}``.

@@ -9,9 +9,17 @@ from .._validate import check_bool, check_int
 from ..pattern import Pattern, PatternRule
 from ._blocks import distance_band, layout_of
 from ._build import local2d_csr, progression_csr
+from ._flex import Rule, dilated_band
 from .registry import Param, register
 
 __all__ = ["local", "dilated", "local2d", "raster"]
+
+
+def _local_flex(pattern: Pattern) -> list[Rule]:
+    """``|q - kv| <= w d`` (``kv <= q`` if causal) and ``(q - kv) mod d == 0``
+    (``d = 1`` for ``local``)."""
+    p = pattern.params
+    return [dilated_band(p["window"], p.get("dilation", 1), pattern.n, bool(p["causal"]))]
 
 
 @register(
@@ -21,6 +29,7 @@ __all__ = ["local", "dilated", "local2d", "raster"]
     Param("causal", bool, True, "keep only j <= i"),
     description="1D sliding window: A_i = {i-w .. i}",
     reference="Liu et al. 2018 (local attention), arXiv:1801.10198",
+    flex=_local_flex,
 )
 def local(n: int, window: int, causal: bool = True) -> Pattern:
     """Sliding window ``A_i = {max(0, i - w) .. i}`` (``|i - j| <= w`` if bidirectional).
@@ -56,6 +65,7 @@ def local(n: int, window: int, causal: bool = True) -> Pattern:
     Param("causal", bool, True, "keep only j <= i"),
     description="dilated sliding window: A_i = {i - k d : 0 <= k <= w}",
     reference="Beltagy et al. 2020 (Longformer), arXiv:2004.05150",
+    flex=_local_flex,
 )
 def dilated(n: int, window: int, dilation: int, causal: bool = True) -> Pattern:
     """Dilated window ``A_i = {i - k d : 0 <= k <= w, i - k d >= 0}``.

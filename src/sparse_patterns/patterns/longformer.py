@@ -7,10 +7,20 @@ import numpy as np
 from .._validate import check_bool, check_int
 from ..pattern import Pattern, PatternRule
 from ._build import progression_csr
+from ._flex import Rule, causal_rule, dilated_band
 from .local import dilated
 from .registry import Param, register
 
 __all__ = ["longformer"]
+
+
+def _longformer_flex(pattern: Pattern) -> list[Rule]:
+    """window: the dilated band; global: ``q < g or kv < g``."""
+    p = pattern.params
+    g, causal = p["global_tokens"], bool(p["causal"])
+    win = dilated_band(p["window"], p["dilation"], pattern.n, causal)
+    glob = causal_rule(lambda q, kv: (q < g) | (kv < g), causal)
+    return [win, glob]
 
 
 @register(
@@ -21,6 +31,7 @@ __all__ = ["longformer"]
     Param("causal", bool, True, "keep only j <= i"),
     description="sliding (dilated) window plus g global tokens (two heads)",
     reference="Beltagy et al. 2020, arXiv:2004.05150",
+    flex=_longformer_flex,
 )
 def longformer(
     n: int, window: int = 8, global_tokens: int = 1, dilation: int = 1, causal: bool = True

@@ -1,7 +1,10 @@
-"""The registry: pattern name -> generator, with a declared parameter list.
+"""The registry: pattern name -> generator, with a declared parameter list and,
+where the family has one, its FlexAttention formula.
 
 The CLI, ``make`` and every later command (verify, analyze, render, export,
-profile) use this table, so no command needs per-pattern code. A parameter
+profile) use this table, so no command needs per-pattern code: ``export``
+asks ``REGISTRY[name].flex`` for a family's ``mask_mod`` rules and
+:func:`describe` gives ``patterns list`` its rows. A parameter
 declared with ``follows_n=True`` also accepts ``"sqrt"`` (``ceil(sqrt(n))``) or
 ``"cbrt"`` (``ceil(n ** (1/3))``), so a sweep over n can keep ``l ~ n^(1/p)``.
 """
@@ -16,7 +19,9 @@ from typing import Any
 from .._validate import MAX_N, check_int
 from ..pattern import Pattern
 
-__all__ = ["Param", "PatternSpec", "REGISTRY", "register", "get", "make", "resolve", "root_of"]
+__all__ = [
+    "Param", "PatternSpec", "REGISTRY", "register", "get", "make", "resolve", "root_of", "describe",
+]
 
 
 def root_of(n: int, p: int) -> int:
@@ -94,6 +99,10 @@ class PatternSpec:
     description: str
     reference: str
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: ``flex(pattern) -> list of rule(q, kv)``, one FlexAttention rule per head
+    #: (torch imported when it runs), for a pattern its generator built; None
+    #: when the family has no formula
+    flex: Callable[[Pattern], list[Callable[[Any, Any], Any]]] | None = None
 
     def param(self, name: str) -> Param:
         for p in self.params:
@@ -106,9 +115,19 @@ REGISTRY: dict[str, PatternSpec] = {}
 
 
 def register(
-    name: str, *params: Param, description: str, reference: str
+    name: str,
+    *params: Param,
+    description: str,
+    reference: str,
+    flex: Callable[[Pattern], list[Callable[[Any, Any], Any]]] | None = None,
 ) -> Callable[[Callable[..., Pattern]], Callable[..., Pattern]]:
-    """Class the decorated generator ``f(n, **params) -> Pattern`` under ``name``."""
+    """Class the decorated generator ``f(n, **params) -> Pattern`` under ``name``.
+
+    ``flex``, when given, is the family's FlexAttention formula:
+    ``flex(pattern)`` returns one ``rule(q_idx, kv_idx) -> bool tensor`` per
+    head, in the generator's parameters (``pattern.params``). It is only
+    asked about patterns that are exactly what the generator gives.
+    """
 
     def deco(func: Callable[..., Pattern]) -> Callable[..., Pattern]:
         sig = inspect.signature(func)
@@ -116,7 +135,7 @@ def register(
         taken = [k for k in sig.parameters if k != "n"]
         if set(taken) != declared:
             raise TypeError(f"{name}: declared params {declared} != signature {taken}")
-        REGISTRY[name] = PatternSpec(name, func, tuple(params), description, reference)
+        REGISTRY[name] = PatternSpec(name, func, tuple(params), description, reference, flex=flex)
         return func
 
     return deco
@@ -176,3 +195,28 @@ def make(name: str, n: int, **params: Any) -> Pattern:
     128
     """
     return get(name).func(n, **resolve(name, n, params))
+
+
+def describe() -> list[dict[str, Any]]:
+    """The registered families, sorted by name: parameters with defaults, description, reference.
+
+    What ``patterns list`` prints (``--json`` prints this list as is).
+
+    Examples
+    --------
+    >>> row = {r["name"]: r for r in describe()}["strided"]
+    >>> row["params"]
+    {'stride': 'sqrt', 'window': 'paper', 'causal': True}
+    """
+    out = []
+    for name in sorted(REGISTRY):
+        spec = REGISTRY[name]
+        out.append(
+            {
+                "name": name,
+                "params": {p.name: p.default for p in spec.params},
+                "description": spec.description,
+                "reference": spec.reference,
+            }
+        )
+    return out

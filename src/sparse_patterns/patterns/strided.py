@@ -14,6 +14,7 @@ from .._validate import check_bool, check_choice, check_int
 from ..pattern import Pattern, PatternRule
 from ._blocks import distance_band, distance_multiple, layout_of
 from ._build import progression_csr
+from ._flex import Rule, band, causal_rule
 from .registry import Param, register
 
 __all__ = ["strided"]
@@ -21,6 +22,17 @@ __all__ = ["strided"]
 
 def _window_width(stride: int, window: str) -> int:
     return stride if window == "paper" else stride - 1
+
+
+def _strided_flex(pattern: Pattern) -> list[Rule]:
+    """A1: ``0 <= q - kv <= w`` (``|q - kv| <= w``); A2: ``(q - kv) mod l == 0``."""
+    import torch  # noqa: PLC0415
+
+    l, causal = pattern.params["stride"], bool(pattern.params["causal"])
+    w = _window_width(l, pattern.params["window"])
+    a1 = band(0 if causal else -w, w)
+    a2 = causal_rule(lambda q, kv: torch.remainder(q - kv, l) == 0, causal)
+    return [a1, a2]
 
 
 @register(
@@ -31,6 +43,7 @@ def _window_width(stride: int, window: str) -> int:
     Param("causal", bool, True, "keep only j <= i"),
     description="local window of l plus every l-th earlier position (two heads)",
     reference="Child et al. 2019, arXiv:1904.10509, sec. 4.2 (strided)",
+    flex=_strided_flex,
 )
 def strided(n: int, stride: int, window: str = "paper", causal: bool = True) -> Pattern:
     """Strided attention: a window head ``A1`` and a stride head ``A2``.

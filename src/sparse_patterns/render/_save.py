@@ -1,4 +1,6 @@
-"""Saving figures atomically: a temporary file in the target directory, then a rename.
+"""Saving figures atomically, through the package's one atomic writer
+(:func:`sparse_patterns._atomic.atomic_write`: a temporary file in the target
+directory, the umask's mode, then a rename).
 
 A failed save (bad suffix, missing or read-only directory, a full disk) leaves
 no partial file behind and raises a one-line ``ValueError``.
@@ -7,9 +9,11 @@ no partial file behind and raises a one-line ``ValueError``.
 from __future__ import annotations
 
 import os
-import tempfile
+import tempfile  # noqa: F401 - the writer's mkstemp; tests patch it as _save.tempfile.mkstemp
 from pathlib import Path
 from typing import Any
+
+from .._atomic import atomic_write
 
 __all__ = ["FORMATS", "check_output", "save_figure"]
 
@@ -46,7 +50,7 @@ def save_figure(fig: Any, path: str | os.PathLike[str], *, dpi: int = 100) -> Pa
     """Save ``fig`` to ``path`` (PNG, SVG or PDF by suffix) without leaving a partial file.
 
     The figure is written to a temporary file in the same directory and renamed
-    onto ``path`` only once complete.
+    onto ``path`` only once complete; the file gets the umask's mode.
 
     Parameters
     ----------
@@ -80,21 +84,10 @@ def save_figure(fig: Any, path: str | os.PathLike[str], *, dpi: int = 100) -> Pa
     """
     p = check_output(path)
     fmt = FORMATS[p.suffix.lower()]
-    tmp: str | None = None
+    # a fixed date keeps PDF/SVG output reproducible
+    meta = {"CreationDate": None} if fmt == "pdf" else ({"Date": None} if fmt == "svg" else {})
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent or ".")
-        with os.fdopen(fd, "wb") as fh:
-            # a fixed date keeps PDF/SVG output reproducible
-            meta = {"CreationDate": None} if fmt == "pdf" else ({"Date": None} if fmt == "svg" else {})
-            fig.savefig(fh, format=fmt, dpi=dpi, metadata=meta)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the usual permissions
-        os.replace(tmp, p)
-        tmp = None
+        atomic_write(p, lambda fh: fig.savefig(fh, format=fmt, dpi=dpi, metadata=meta))
     except OSError as exc:
         raise ValueError(f"output: cannot write {str(p)!r}: {exc.strerror or exc}") from None
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
     return p

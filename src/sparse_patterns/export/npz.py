@@ -1,0 +1,123 @@
+"""The ``.npz`` pattern file: the CSR arrays of every head and the JSON
+metadata in one compressed NumPy archive, read back without pickle, every
+array header checked before the array is inflated."""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from .._atomic import atomic_write
+from ..pattern import Pattern
+from ._codec import MAX_INFLATE, MAX_META, arrays_of, build, check_meta, expected_names, meta_of
+
+__all__ = ["write", "read"]
+
+
+def write(pattern: Pattern, path: str | os.PathLike) -> Path:
+    """Write ``pattern`` to ``path`` as a compressed ``.npz`` (atomically).
+
+    The archive holds ``indptr_k`` / ``indices_k`` (int32, or int64 when
+    needed) for every head ``k`` and ``meta``, the JSON metadata as a uint8
+    array. :func:`sparse_patterns.export.save` calls this for ``.npz``.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from sparse_patterns import make
+    >>> f = write(make("strided", 16, stride=4), os.path.join(tempfile.mkdtemp(), "s.npz"))
+    >>> sorted(np.load(f).files)
+    ['indices_0', 'indices_1', 'indptr_0', 'indptr_1', 'meta']
+    """
+    meta = np.frombuffer(json.dumps(meta_of(pattern)).encode(), dtype=np.uint8)
+    return atomic_write(path, lambda f: np.savez_compressed(f, meta=meta, **arrays_of(pattern)))
+
+
+def read(path: str | os.PathLike) -> Pattern:
+    """Read a ``.npz`` written by :func:`write`, checking every header before its array.
+
+    No pickle: object arrays are refused; a member's declared size is checked
+    against its compressed size and its header against the metadata before
+    anything is inflated.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from sparse_patterns import make
+    >>> pat = make("fixed", 16, stride=4, c=1)
+    >>> read(write(pat, os.path.join(tempfile.mkdtemp(), "f.npz"))) == pat
+    True
+    """
+    path = Path(path)
+    where = str(path)
+    size = path.stat().st_size
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise ValueError(f"{where}: not a valid .npz (zip) file: {exc}") from None
+    with zf:
+        infos = {}
+        for zi in zf.infolist():
+            if not zi.filename.endswith(".npy"):
+                raise ValueError(f"{where}: unexpected member {zi.filename!r}")
+            if zi.file_size > MAX_INFLATE * zi.compress_size + 4096 or zi.compress_size > size:
+                raise ValueError(
+                    f"{where}: member {zi.filename!r} claims {zi.file_size:,} bytes from "
+                    f"{zi.compress_size:,} compressed: corrupt or hostile"
+                )
+            infos[zi.filename[:-4]] = zi
+        if "meta" not in infos:
+            raise ValueError(f"{where}: no 'meta' array: not a sparse-patterns .npz")
+
+        def header(name: str) -> tuple[np.dtype, tuple]:
+            if name not in infos:
+                raise ValueError(f"{where}: missing array {name!r}")
+            try:
+                with zf.open(infos[name]) as fp:
+                    version = np.lib.format.read_magic(fp)
+                    if version == (1, 0):
+                        shape, fortran, dtype = np.lib.format.read_array_header_1_0(fp)
+                    elif version in ((2, 0), (3, 0)):
+                        shape, fortran, dtype = np.lib.format.read_array_header_2_0(fp)
+                    else:
+                        raise ValueError(f"unsupported .npy version {version}")
+                    hlen = fp.tell() if hasattr(fp, "tell") else 0
+            except (ValueError, OSError, EOFError, zipfile.BadZipFile, SyntaxError) as exc:
+                raise ValueError(f"{where}: array {name!r} has a bad header: {exc}") from None
+            if dtype.hasobject:
+                raise ValueError(f"{where}: array {name!r} has dtype {dtype}, which needs pickle")
+            nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize if shape else dtype.itemsize
+            if nbytes + hlen > infos[name].file_size:
+                raise ValueError(
+                    f"{where}: array {name!r} declares {nbytes:,} bytes but the member holds "
+                    f"{infos[name].file_size:,}: truncated"
+                )
+            return dtype, tuple(shape)
+
+        def read_array(name: str, count: int) -> np.ndarray:
+            try:
+                with zf.open(infos[name]) as fp:
+                    a = np.lib.format.read_array(fp, allow_pickle=False)
+            except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+                raise ValueError(f"{where}: cannot read array {name!r}: {exc}") from None
+            if a.size != count:
+                raise ValueError(f"{where}: array {name!r} has {a.size} entries, expected {count}")
+            return a.ravel()
+
+        dt, shape = header("meta")
+        if dt != np.dtype(np.uint8) or len(shape) != 1 or shape[0] > MAX_META:
+            raise ValueError(f"{where}: 'meta' must be a 1-D uint8 array of at most {MAX_META} bytes")
+        raw = read_array("meta", shape[0])
+        try:
+            meta = json.loads(raw.tobytes().decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{where}: 'meta' is not valid JSON: {exc}") from None
+        meta = check_meta(meta, where)
+        extra = set(infos) - expected_names(meta["num_heads"]) - {"meta"}
+        if extra:
+            raise ValueError(f"{where}: unexpected arrays {sorted(extra)}")
+        return build(where, meta, read_array, header)

@@ -1,0 +1,130 @@
+"""The ``.json`` recipe: a registered pattern's name, params and n, from which
+:func:`from_recipe` regenerates it exactly (so the file is a few hundred
+bytes at any n)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .._atomic import atomic_write
+from .._validate import MAX_N
+from ..pattern import Pattern
+from ._codec import FORMAT_VERSION, MAX_META, jsonable
+
+__all__ = ["to_recipe", "from_recipe", "write", "read"]
+
+
+def to_recipe(pattern: Pattern) -> dict[str, Any]:
+    """The JSON recipe of a registered pattern: name, params, n and version.
+
+    ``sparse_patterns.make(r["pattern"], r["n"], **r["params"])`` regenerates
+    the pattern exactly.
+
+    Raises
+    ------
+    ValueError
+        The pattern is not a registered family with its generator's params
+        (``"custom"``, imported layouts, ...): save it as .npz or .safetensors.
+
+    Examples
+    --------
+    >>> from sparse_patterns import make
+    >>> to_recipe(make("strided", 16, stride=4))
+    {'pattern': 'strided', 'params': {'stride': 4, 'window': 'paper', 'causal': True}, 'n': 16, 'version': 1}
+    """
+    from ..patterns import registry  # noqa: PLC0415
+
+    spec = registry.REGISTRY.get(pattern.name)
+    if spec is None or set(pattern.params) != {p.name for p in spec.params}:
+        raise ValueError(
+            f"pattern: a {pattern.name!r} pattern has no recipe (only registered patterns "
+            "with their generator's params do); save it as .npz or .safetensors"
+        )
+    return {
+        "pattern": pattern.name,
+        "params": jsonable(dict(pattern.params)),
+        "n": pattern.n,
+        "version": FORMAT_VERSION,
+    }
+
+
+def from_recipe(recipe: Any, *, where: str = "recipe") -> Pattern:
+    """Regenerate a pattern from its recipe (see :func:`to_recipe`).
+
+    Examples
+    --------
+    >>> from sparse_patterns import make
+    >>> pat = make("fixed", 16, stride=4, c=1)
+    >>> from_recipe(to_recipe(pat)) == pat
+    True
+    """
+    from ..patterns import registry  # noqa: PLC0415
+
+    if not isinstance(recipe, dict):
+        raise ValueError(f"{where}: a recipe must be a JSON object")
+    unknown = set(recipe) - {"pattern", "params", "n", "version", "generator"}
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+    v = recipe.get("version")
+    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= FORMAT_VERSION:
+        raise ValueError(f"{where}: version must be an integer in [1, {FORMAT_VERSION}], got {v!r}")
+    name = recipe.get("pattern")
+    if not isinstance(name, str):
+        raise ValueError(f"{where}: 'pattern' must be a pattern name, got {name!r}")
+    n = recipe.get("n")
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
+        raise ValueError(f"{where}: n must be an integer in [1, {MAX_N}], got {n!r}")
+    params = recipe.get("params", {})
+    if not isinstance(params, dict):
+        raise ValueError(f"{where}: 'params' must be a JSON object")
+    try:
+        return registry.make(name, n, **params)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def write(pattern: Pattern, path: str | os.PathLike) -> Path:
+    """Write the recipe of ``pattern`` to ``path`` as JSON (atomically).
+
+    The recipe is checked first: a pattern without one raises before any
+    file is created.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from sparse_patterns import make
+    >>> f = write(make("strided", 16, stride=4), os.path.join(tempfile.mkdtemp(), "s.json"))
+    >>> json.loads(f.read_text())["params"]["stride"]
+    4
+    """
+    from .. import __version__  # noqa: PLC0415
+
+    recipe = to_recipe(pattern)  # fail before creating anything
+    recipe["generator"] = f"sparse-patterns {__version__}"
+    data = (json.dumps(recipe, indent=2) + "\n").encode()
+    return atomic_write(path, lambda f: f.write(data))
+
+
+def read(path: str | os.PathLike) -> Pattern:
+    """Regenerate the pattern a JSON recipe file names (at most ``MAX_META`` bytes).
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from sparse_patterns import make
+    >>> pat = make("fixed", 16, stride=4, c=1)
+    >>> read(write(pat, os.path.join(tempfile.mkdtemp(), "f.json"))) == pat
+    True
+    """
+    path = Path(path)
+    where = str(path)
+    if path.stat().st_size > MAX_META:
+        raise ValueError(f"{where}: a recipe is at most {MAX_META:,} bytes")
+    try:
+        recipe = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{where}: not valid JSON: {exc}") from None
+    return from_recipe(recipe, where=where)
