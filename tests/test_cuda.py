@@ -28,8 +28,11 @@ pytest.importorskip("numba.cuda")
 
 import sparse_patterns as sps  # noqa: E402
 from sparse_patterns import Pattern  # noqa: E402
+from sparse_patterns.kernels import _inputs as kinputs  # noqa: E402
 from sparse_patterns.kernels import cuda as kc  # noqa: E402
 from sparse_patterns.kernels import plan  # noqa: E402
+from sparse_patterns.kernels.cuda import _detect as kdetect  # noqa: E402
+from sparse_patterns.kernels.cuda import _kernels as kkernels  # noqa: E402
 from sparse_patterns.kernels.reference import reference_backward, reference_forward  # noqa: E402
 
 BACKEND = kc.backend()
@@ -151,7 +154,7 @@ def test_forward_then_backward_chain_and_default_scale():
 @runs_here
 def test_staging_in_several_sub_tiles(monkeypatch):
     """Little shared memory: each tile's keys are staged 4 at a time (and queries, backward)."""
-    monkeypatch.setattr(kc, "_SHARED_BYTES", 2 * 4 * 4 * 8)
+    monkeypatch.setattr(kkernels, "_SHARED_BYTES", 2 * 4 * 4 * 8)
     assert kc._sub_tile(8, 4, 8) == 4
     pat = sps.make("fixed", 32, stride=8, c=2)
     pl = plan(pat, block=8, mode="merged")
@@ -212,7 +215,7 @@ def test_tensors_on_different_devices_are_refused(monkeypatch):
     """Two GPUs are not at hand: stand-ins that look like CUDA tensors on cuda:0 and cuda:1."""
     from types import SimpleNamespace
 
-    monkeypatch.setattr(kc, "_kind", lambda name, a: "torch")
+    monkeypatch.setattr(kinputs, "_kind", lambda name, a: "torch")
     a = SimpleNamespace(device="cuda:0", shape=(1, 1, 8, 2))
     b = SimpleNamespace(device="cuda:1", shape=(1, 1, 8, 2))
     with pytest.raises(ValueError, match=r"different devices \(q on cuda:0, k on cuda:1, v on cuda:0\)"):
@@ -313,7 +316,7 @@ def test_a_missing_toolkit_at_the_first_compile_names_it(monkeypatch):
 
 
 def test_without_numba_cuda_the_error_names_it(monkeypatch):
-    monkeypatch.setattr(kc, "cuda", None)
+    monkeypatch.setattr(kdetect, "cuda", None)
     monkeypatch.setitem(sys.modules, "numba.cuda", None)  # import numba.cuda -> ImportError
     monkeypatch.delattr(numba, "cuda", raising=False)
     assert kc.backend() == "none"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .kernels import BLOCK, MODES, attention, attention_backward, plan
+from .kernels import BLOCK, attention, attention_backward, plan
 from .pattern import Pattern
 
 __all__ = ["SparseAttention", "sparse_attention"]
@@ -92,13 +92,11 @@ class SparseAttention(torch.nn.Module):
     def __init__(self, pattern: Pattern, *, mode: str = "multihead",
                  scale: float | None = None, impl: str = "numba", block: int = BLOCK) -> None:
         super().__init__()
-        if mode not in MODES:
-            raise ValueError(f"mode: must be one of {', '.join(map(repr, MODES))}; got {mode!r}")
+        self.plan = plan(pattern, block=block, mode=mode)  # checks pattern, block and mode
         self.pattern = pattern
-        self.mode = mode
+        self.mode = self.plan.mode
         self.scale = scale
         self.impl = impl
-        self.plan = plan(pattern, block=block, mode=mode)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return _SparseAttentionFunction.apply(q, k, v, self.plan, self.pattern, self.scale,

@@ -5,7 +5,11 @@ them with an implementation chosen by name: ``"numba"`` (the CPU kernel of
 :mod:`sparse_patterns.kernels.cpu`), ``"reference"`` (the dense masked-softmax
 oracle, for small ``n``) or ``"cuda"`` (:mod:`sparse_patterns.kernels.cuda`,
 imported on first use). :data:`IMPLS` maps each name to its callable, so another
-implementation can be registered (:func:`register_impl`).
+implementation can be registered (:func:`register_impl`). Each built-in entry
+runs the one input check (``kernels._inputs``: pattern, mode and block to a
+plan, the arrays, the scale) once, then hands validated arrays and the plan to
+its backend, whose ``forward(q, k, v, plan, *, scale)`` and
+``backward(q, k, v, o, lse, do, plan, *, scale)`` have one signature.
 :func:`attention_backward` gives ``(dq, dk, dv)`` by recomputation from the
 forward's log-sum-exp; :class:`sparse_patterns.torch.SparseAttention` wraps both
 in an autograd function.
@@ -13,15 +17,13 @@ in an autograd function.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
-import numpy as np
-
-from .._validate import check_bool, check_choice, check_int
+from .._validate import check_bool
 from ..pattern import Pattern
+from ._inputs import HostArrays, check_scale, resolve
 from .planning import BLOCK, MODES, ExecutionPlan, clear_plan_cache, plan
 
 __all__ = [
@@ -39,124 +41,17 @@ class Impl(str, Enum):
     CUDA = "cuda"
 
 
-# ----------------------------------------------------------------------- inputs
-_FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
-
-
-class _Inputs:
-    """Validated inputs as C-contiguous NumPy arrays in the compute dtype."""
-
-    def __init__(self, arrays: dict[str, Any], n: int | None):
-        self.torch = None
-        kinds = {name: _kind(a) for name, a in arrays.items()}
-        if len(set(kinds.values())) > 1:
-            desc = ", ".join(f"{k} is a {v}" for k, v in kinds.items())
-            raise ValueError(f"q, k, v: mix NumPy arrays and torch tensors ({desc})")
-        q = arrays["q"]
-        shape = tuple(q.shape)
-        if len(shape) != 4:
-            raise ValueError(f"q: must be shaped (B, H, n, d), got shape {shape}")
-        for name, a in arrays.items():
-            want = shape[:3] if name == "lse" else shape
-            if tuple(a.shape) != want:
-                raise ValueError(
-                    f"{name}: shape {tuple(a.shape)} disagrees with q's {shape} (want {want})"
-                )
-        B, H, nn, d = shape
-        if min(shape) < 1:
-            raise ValueError(f"q: every dimension of (B, H, n, d) must be >= 1, got {shape}")
-        if n is not None and nn != n:
-            raise ValueError(f"q: sequence length n={nn} disagrees with the pattern's n={n}")
-        self.dtype_name = _dtype_name(q)
-        if self.dtype_name not in _FLOAT_NAMES:
-            raise ValueError(
-                f"q: dtype {self.dtype_name} is not supported; use one of {', '.join(_FLOAT_NAMES)}"
-            )
-        for name, a in arrays.items():
-            if name != "lse" and _dtype_name(a) != self.dtype_name:
-                raise ValueError(
-                    f"{name}: dtype {_dtype_name(a)} disagrees with q's {self.dtype_name}"
-                )
-        self.compute = np.float64 if self.dtype_name == "float64" else np.float32
-        if kinds["q"] == "torch tensor":
-            import torch
-
-            self.torch = torch
-            for name, a in arrays.items():
-                if a.device.type != "cpu":
-                    raise ValueError(
-                        f"{name}: tensor is on {a.device}; this implementation runs on the CPU"
-                    )
-            self.torch_dtype = q.dtype
-            self.np = {
-                name: np.ascontiguousarray(
-                    a.detach().to(torch.float64 if self.compute is np.float64 else torch.float32)
-                    .numpy()
-                )
-                for name, a in arrays.items()
-            }
-        else:
-            self.np = {
-                name: np.ascontiguousarray(np.asarray(a), dtype=self.compute)
-                for name, a in arrays.items()
-            }
-        self.shape = shape
-
-    def out(self, a: np.ndarray, *, lse: bool = False) -> Any:
-        """Back to the caller's kind; outputs in the input dtype, ``lse`` in the compute dtype."""
-        if self.torch is None:
-            return a if lse else a.astype(self.dtype_name, copy=False)
-        t = self.torch.from_numpy(a)
-        return t if lse else t.to(self.torch_dtype)
-
-
-def _kind(a: Any) -> str:
-    if isinstance(a, np.ndarray):
-        return "NumPy array"
-    if type(a).__module__.startswith("torch") and hasattr(a, "detach"):
-        return "torch tensor"
-    raise ValueError(
-        f"q, k, v: expected NumPy arrays or torch tensors, got {type(a).__module__}.{type(a).__name__}"
-    )
-
-
-def _dtype_name(a: Any) -> str:
-    dt = a.dtype
-    return str(dt).removeprefix("torch.")
-
-
-def _scale(scale: float | None, d: int) -> float:
-    if scale is None:
-        return 1.0 / math.sqrt(d)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)):
-        raise ValueError(f"scale: must be a finite number or None, got {scale!r}")
-    if not math.isfinite(float(scale)):
-        raise ValueError(f"scale: must be a finite number or None, got {scale!r}")
-    return float(scale)
-
-
-def _resolve(pattern: Any, mode: str, block: int) -> tuple[Pattern | None, ExecutionPlan]:
-    """The pattern (None when a plan was given) and its (cached) plan."""
-    if isinstance(pattern, ExecutionPlan):
-        if mode != pattern.mode:
-            raise ValueError(f"mode: {mode!r} disagrees with the given plan's mode {pattern.mode!r}")
-        return None, pattern
-    if not isinstance(pattern, Pattern):
-        raise ValueError(
-            f"pattern: expected a Pattern or an ExecutionPlan, got {type(pattern).__name__}"
-        )
-    return pattern, plan(pattern, block=block, mode=mode)
-
-
 # ----------------------------------------------------------------------- impls
+# Each entry runs the one input check of ``_inputs`` (pattern, mode and block to a plan;
+# the arrays; the scale) and hands validated arrays and the plan to its backend.
 def _numba_forward(q, k, v, pattern, *, mode="multihead", scale=None, return_lse=False,
                    block=BLOCK):
     from . import cpu
 
-    mode = check_choice("mode", mode, MODES)
-    _, pl = _resolve(pattern, mode, check_int("block", block, 1, 4096))
-    x = _Inputs({"q": q, "k": k, "v": v}, pl.n)
-    o, lse = cpu.forward(x.np["q"], x.np["k"], x.np["v"], pl, scale=_scale(scale, x.shape[3]))
+    _, pl = resolve(pattern, mode, block)
+    x = HostArrays({"q": q, "k": k, "v": v}, pl.n)
+    a = x.np
+    o, lse = cpu.forward(a["q"], a["k"], a["v"], pl, scale=check_scale(scale, x.shape[3]))
     return (x.out(o), x.out(lse, lse=True)) if return_lse else x.out(o)
 
 
@@ -164,31 +59,31 @@ def _reference_forward(q, k, v, pattern, *, mode="multihead", scale=None, return
                        block=BLOCK):
     from .reference import reference_forward
 
-    mode = check_choice("mode", mode, MODES)
-    pat, pl = _resolve(pattern, mode, check_int("block", block, 1, 4096))
-    if pat is None:
-        raise ValueError("pattern: impl='reference' needs the Pattern, not an ExecutionPlan")
-    x = _Inputs({"q": q, "k": k, "v": v}, pl.n)
-    o, lse = reference_forward(x.np["q"], x.np["k"], x.np["v"], pat, pl,
-                               scale=_scale(scale, x.shape[3]))
+    pat, pl = resolve(pattern, mode, block, needs_pattern=Impl.REFERENCE.value)
+    x = HostArrays({"q": q, "k": k, "v": v}, pl.n)
+    a = x.np
+    o, lse = reference_forward(a["q"], a["k"], a["v"], pat, pl,
+                               scale=check_scale(scale, x.shape[3]))
     return (x.out(o), x.out(lse, lse=True)) if return_lse else x.out(o)
 
 
-def _cuda_forward(q, k, v, pattern, **kw):
-    from . import cuda
+def _cuda_forward(q, k, v, pattern, *, mode="multihead", scale=None, return_lse=False,
+                  block=BLOCK):
+    from . import cuda  # checks the device arrays and the scale itself (``_inputs``)
 
-    return cuda.attention(q, k, v, pattern, **kw)
+    _, pl = resolve(pattern, mode, block, max_block=cuda.MAX_BLOCK)
+    out, lse = cuda.forward(q, k, v, pl, scale=scale)
+    return (out, lse) if return_lse else out
 
 
 def _numba_backward(q, k, v, o, lse, do, pattern, *, mode="multihead", scale=None, block=BLOCK):
     from . import cpu
 
-    mode = check_choice("mode", mode, MODES)
-    _, pl = _resolve(pattern, mode, check_int("block", block, 1, 4096))
-    x = _Inputs({"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, pl.n)
+    _, pl = resolve(pattern, mode, block)
+    x = HostArrays({"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, pl.n)
     a = x.np
     grads = cpu.backward(a["q"], a["k"], a["v"], a["o"], a["lse"], a["do"], pl,
-                         scale=_scale(scale, x.shape[3]))
+                         scale=check_scale(scale, x.shape[3]))
     return tuple(x.out(g) for g in grads)
 
 
@@ -196,21 +91,18 @@ def _reference_backward(q, k, v, o, lse, do, pattern, *, mode="multihead", scale
                         block=BLOCK):
     from .reference import reference_backward
 
-    mode = check_choice("mode", mode, MODES)
-    pat, pl = _resolve(pattern, mode, check_int("block", block, 1, 4096))
-    if pat is None:
-        raise ValueError("pattern: impl='reference' needs the Pattern, not an ExecutionPlan")
-    x = _Inputs({"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, pl.n)
+    pat, pl = resolve(pattern, mode, block, needs_pattern=Impl.REFERENCE.value)
+    x = HostArrays({"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, pl.n)
     a = x.np
     grads = reference_backward(a["q"], a["k"], a["v"], a["o"], a["lse"], a["do"], pat, pl,
-                               scale=_scale(scale, x.shape[3]))
+                               scale=check_scale(scale, x.shape[3]))
     return tuple(x.out(g) for g in grads)
 
 
 def _cuda_backward(q, k, v, o, lse, do, pattern, *, mode="multihead", scale=None, block=BLOCK):
     from . import cuda
 
-    _, pl = _resolve(pattern, mode, block)
+    _, pl = resolve(pattern, mode, block, max_block=cuda.MAX_BLOCK)
     return cuda.backward(q, k, v, o, lse, do, pl, scale=scale)
 
 
@@ -327,7 +219,6 @@ def attention(
     ((1, 2, 16, 8), True)
     """
     name = _impl_name(impl, IMPLS)
-    mode = check_choice("mode", mode, MODES)
     return_lse = check_bool("return_lse", return_lse)
     return IMPLS[name](q, k, v, pattern, mode=mode, scale=scale, return_lse=return_lse,
                        block=block)
@@ -375,6 +266,5 @@ def attention_backward(
     (1, 2, 16, 8)
     """
     name = _impl_name(impl, BACKWARD_IMPLS)
-    mode = check_choice("mode", mode, MODES)
     return BACKWARD_IMPLS[name](q, k, v, o, lse, do, pattern, mode=mode, scale=scale,
                                 block=block)

@@ -25,9 +25,12 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._validate import check_choice, check_int
-from ..pattern import KERNEL_MODES, Pattern
+from ..pattern import KERNEL_MODES, Mode, Pattern
 
-__all__ = ["ExecutionPlan", "plan", "MODES", "BLOCK", "clear_plan_cache", "residue_perm"]
+__all__ = [
+    "ExecutionPlan", "plan", "cached_plan", "MODES", "BLOCK", "check_mode", "clear_plan_cache",
+    "residue_perm",
+]
 
 #: Softmax grouping of the pattern's heads: one softmax per pattern head, or one over the union.
 MODES = KERNEL_MODES
@@ -38,6 +41,20 @@ _FULL = -1  # tile_mask value of a full tile
 #: and ``profile`` build by default: 32 ran the numba forward fastest on every pattern
 #: measured (strided, fixed, full, local, bigbird; n = 4,096-16,384, d = 64).
 BLOCK = 32
+
+
+def check_mode(mode: Any) -> str:
+    """``mode`` (a name or a :class:`~sparse_patterns.pattern.Mode`) as one of :data:`MODES`.
+
+    Raises ``ValueError`` naming the allowed modes otherwise.
+
+    Examples
+    --------
+    >>> from sparse_patterns.pattern import Mode
+    >>> check_mode(Mode.MERGED), check_mode("multihead")
+    ('merged', 'multihead')
+    """
+    return check_choice("mode", mode.value if isinstance(mode, Mode) else mode, MODES)
 
 
 def _freeze(a: np.ndarray) -> np.ndarray:
@@ -653,8 +670,16 @@ def plan(
     """
     if not isinstance(pattern, Pattern):
         raise ValueError(f"pattern: expected a sparse_patterns.Pattern, got {type(pattern).__name__}")
-    block = check_int("block", block, 1, 4096)
-    mode = check_choice("mode", mode, MODES)
+    return cached_plan(pattern, check_int("block", block, 1, 4096), check_mode(mode), cache)
+
+
+def cached_plan(pattern: Pattern, block: int, mode: str, cache: bool = True) -> ExecutionPlan:
+    """:func:`plan` for arguments already checked, as ``kernels._inputs.resolve`` does.
+
+    ``pattern`` a :class:`~sparse_patterns.Pattern`, ``block`` an int in
+    ``[1, 4096]``, ``mode`` one of :data:`MODES` (:func:`check_mode`); nothing is
+    checked again.
+    """
     key = (id(pattern), block, mode)
     if cache and key in _CACHE and _CACHE[key][0] is pattern:
         _CACHE.move_to_end(key)
