@@ -20,12 +20,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
-import numba
 import numpy as np
 import scipy.sparse as sp
 
 from .._validate import check_choice, check_int
 from ..pattern import KERNEL_MODES, Mode, Pattern
+from ._tiling import count_tiles, csr_difference, csr_union, fill_masks, gcd_of_offsets
 
 __all__ = [
     "ExecutionPlan", "plan", "cached_plan", "MODES", "BLOCK", "check_mode", "clear_plan_cache",
@@ -63,138 +63,6 @@ def _freeze(a: np.ndarray) -> np.ndarray:
     return a
 
 
-# --------------------------------------------------------------------- numba helpers
-@numba.njit(cache=True)
-def _gcd_of_offsets(indptr, indices):  # pragma: no cover - compiled
-    """gcd of ``|i - j|`` over entries with ``i != j`` (0 when there are none)."""
-    g = 0
-    n = indptr.size - 1
-    for i in range(n):
-        for e in range(indptr[i], indptr[i + 1]):
-            d = i - indices[e]
-            if d < 0:
-                d = -d
-            if d == 0:
-                continue
-            a, b = g, d
-            while b != 0:
-                a, b = b, a % b
-            g = a
-            if g == 1:
-                return 1
-    return g
-
-
-@numba.njit(cache=True)
-def _count_tiles(indptr, indices, qperm, kpos, block, n):  # pragma: no cover - compiled
-    """Tiles touched by a piece in permuted order: (I, J, entries) per tile, by I then J."""
-    nb = (n + block - 1) // block
-    counts = np.zeros(nb, np.int64)
-    touched = np.empty(nb, np.int64)
-    cap = 1024
-    ti = np.empty(cap, np.int64)
-    tj = np.empty(cap, np.int64)
-    tc = np.empty(cap, np.int64)
-    nt = 0
-    for I in range(nb):
-        m = 0
-        for pos in range(I * block, min(n, (I + 1) * block)):
-            i = qperm[pos]
-            for e in range(indptr[i], indptr[i + 1]):
-                J = kpos[indices[e]] // block
-                if counts[J] == 0:
-                    touched[m] = J
-                    m += 1
-                counts[J] += 1
-        touched[:m].sort()
-        for t in range(m):
-            J = touched[t]
-            if nt == cap:
-                cap *= 2
-                ti2 = np.empty(cap, np.int64)
-                tj2 = np.empty(cap, np.int64)
-                tc2 = np.empty(cap, np.int64)
-                ti2[:nt] = ti[:nt]
-                tj2[:nt] = tj[:nt]
-                tc2[:nt] = tc[:nt]
-                ti, tj, tc = ti2, tj2, tc2
-            ti[nt] = I
-            tj[nt] = J
-            tc[nt] = counts[J]
-            nt += 1
-            counts[J] = 0
-    return ti[:nt].copy(), tj[:nt].copy(), tc[:nt].copy()
-
-
-@numba.njit(cache=True)
-def _fill_masks(indptr, indices, qperm, kpos, block, n, tile_ptr, tile_col, tile_mask, masks):  # pragma: no cover - compiled
-    """Set the bit of every entry of the piece in its partial tile's mask."""
-    nb = (n + block - 1) // block
-    slot = np.full(nb, -1, np.int64)
-    for I in range(nb):
-        for t in range(tile_ptr[I], tile_ptr[I + 1]):
-            slot[tile_col[t]] = tile_mask[t]
-        for pos in range(I * block, min(n, (I + 1) * block)):
-            r = pos - I * block
-            i = qperm[pos]
-            for e in range(indptr[i], indptr[i + 1]):
-                kp = kpos[indices[e]]
-                mi = slot[kp // block]
-                if mi >= 0:
-                    c = kp % block
-                    masks[mi, r, c >> 6] |= np.uint64(1) << np.uint64(c & 63)
-        for t in range(tile_ptr[I], tile_ptr[I + 1]):
-            slot[tile_col[t]] = -1
-
-
-@numba.njit(cache=True)
-def _csr_difference(ap, ai, bp, bi):  # pragma: no cover - compiled
-    """Row-wise ``A \\ B`` of two canonical CSR matrices (sorted indices)."""
-    n = ap.size - 1
-    outp = np.zeros(n + 1, np.int64)
-    out = np.empty(ai.size, np.int64)
-    k = 0
-    for i in range(n):
-        e, f = ap[i], bp[i]
-        fe = bp[i + 1]
-        for e in range(ap[i], ap[i + 1]):
-            j = ai[e]
-            while f < fe and bi[f] < j:
-                f += 1
-            if f < fe and bi[f] == j:
-                continue
-            out[k] = j
-            k += 1
-        outp[i + 1] = k
-    return outp, out[:k].copy()
-
-
-@numba.njit(cache=True)
-def _csr_union(ap, ai, bp, bi):  # pragma: no cover - compiled
-    """Row-wise ``A | B`` of two canonical CSR matrices (sorted indices)."""
-    n = ap.size - 1
-    outp = np.zeros(n + 1, np.int64)
-    out = np.empty(ai.size + bi.size, np.int64)
-    k = 0
-    for i in range(n):
-        e, ee = ap[i], ap[i + 1]
-        f, fe = bp[i], bp[i + 1]
-        while e < ee or f < fe:
-            if f >= fe or (e < ee and ai[e] < bi[f]):
-                out[k] = ai[e]
-                e += 1
-            elif e >= ee or bi[f] < ai[e]:
-                out[k] = bi[f]
-                f += 1
-            else:
-                out[k] = ai[e]
-                e += 1
-                f += 1
-            k += 1
-        outp[i + 1] = k
-    return outp, out[:k].copy()
-
-
 # --------------------------------------------------------------------- pieces
 class _Piece:
     """One disjoint part of a softmax group, in CSR, with its chosen permutation."""
@@ -216,7 +84,7 @@ def residue_perm(n: int, s: int) -> np.ndarray:
 def _tiles_of(piece: _Piece, qperm, kperm, block: int, n: int):
     kpos = np.empty(n, np.int64)
     kpos[kperm] = np.arange(n, dtype=np.int64)
-    ti, tj, tc = _count_tiles(piece.indptr, piece.indices, qperm, kpos, block, n)
+    ti, tj, tc = count_tiles(piece.indptr, piece.indices, qperm, kpos, block, n)
     sizes = np.full(-(-n // block), block, dtype=np.int64)
     sizes[-1] = n - block * (sizes.size - 1)
     area = sizes[ti] * sizes[tj]
@@ -227,7 +95,7 @@ def _choose(piece: _Piece, n: int, block: int) -> None:
     """Try the identity, a residue-class and a key-compaction permutation; keep the cheapest."""
     ident = np.arange(n, dtype=np.int64)
     cands: list[tuple[Any, np.ndarray, np.ndarray]] = [(("identity",), ident, ident)]
-    s = int(_gcd_of_offsets(piece.indptr, piece.indices))
+    s = int(gcd_of_offsets(piece.indptr, piece.indices))
     if 1 < s < n:
         r = residue_perm(n, s)
         cands.append((("residue", s), r, r))
@@ -263,10 +131,10 @@ def _pieces(pattern: Pattern, mode: str, block: int) -> tuple[list[_Piece], int,
     seen_p, seen_i = heads[0]
     pieces.append(_Piece(seen_p, seen_i, 0))
     for hp, hi in heads[1:]:
-        dp, di = _csr_difference(hp, hi, seen_p, seen_i)
+        dp, di = csr_difference(hp, hi, seen_p, seen_i)
         if di.size:
             pieces.append(_Piece(dp, di, 0))
-        seen_p, seen_i = _csr_union(seen_p, seen_i, hp, hi)
+        seen_p, seen_i = csr_union(seen_p, seen_i, hp, hi)
     for pc in pieces:
         _choose(pc, n, block)
     # pieces that chose the same permutation are executed as one (shared partial tiles)
@@ -275,7 +143,7 @@ def _pieces(pattern: Pattern, mode: str, block: int) -> tuple[list[_Piece], int,
         key = pc.kind if pc.kind[0] != "keys" else ("keys", pc.kperm.tobytes())
         if key in merged:
             a = merged[key]
-            up, ui = _csr_union(a.indptr, a.indices, pc.indptr, pc.indices)
+            up, ui = csr_union(a.indptr, a.indices, pc.indptr, pc.indices)
             u = _Piece(up, ui, 0)
             u.kind, u.qperm, u.kperm = a.kind, a.qperm, a.kperm
             u.tiles, u.cost = _tiles_of(u, a.qperm, a.kperm, block, n)
@@ -586,7 +454,7 @@ def _build(pattern: Pattern, block: int, mode: str) -> ExecutionPlan:
         mi[partial] = m0 + np.arange(int(partial.sum()))
         masks = np.zeros((int(partial.sum()), block, W), dtype=np.uint64)
         local = np.where(partial, mi - m0, _FULL)
-        _fill_masks(pc.indptr, pc.indices, pc.qperm, kpos, block, n,
+        fill_masks(pc.indptr, pc.indices, pc.qperm, kpos, block, n,
                     tile_ptr[p * nb : (p + 1) * nb + 1] - base, tj, local, masks)
         m0 += masks.shape[0]
         cols.append(tj)
