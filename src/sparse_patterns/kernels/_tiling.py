@@ -12,8 +12,6 @@ import numpy as np
 __all__ = ["gcd_of_offsets", "count_tiles", "fill_masks", "csr_difference", "csr_union"]
 
 
-
-
 @numba.njit(cache=True)
 def gcd_of_offsets(indptr, indices):  # pragma: no cover - compiled
     """gcd of ``|i - j|`` over entries with ``i != j`` (0 when there are none)."""
