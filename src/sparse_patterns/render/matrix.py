@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
 
 from .._validate import check_int
 from ..pattern import Pattern
@@ -33,8 +32,9 @@ __all__ = ["plot_pattern", "block_density", "TOKEN_LIMIT", "auto_block"]
 
 #: Largest n drawn cell by cell; longer sequences are drawn as block densities.
 TOKEN_LIMIT = 2048
-#: Entries handled at once when counting pairs per block (bounds the scratch memory).
-_CHUNK = 1 << 22
+#: Entries of the rows read at once (all heads) when counting pairs per block: bounds the
+#: scratch memory (about 40 bytes an entry) whatever n is.
+_CHUNK = 1 << 20
 
 
 def auto_block(n: int, target: int = 256) -> int:
@@ -52,30 +52,12 @@ def auto_block(n: int, target: int = 256) -> int:
     return b
 
 
-def _head_block_counts(m: sp.csr_matrix, block: int, nb: int) -> np.ndarray:
-    """Set pairs per (row block, column block) of one head, ``int64 (nb, nb)``, in chunks."""
-    n = m.shape[0]
-    out = np.zeros((nb, nb), dtype=np.int64)
-    indptr = m.indptr
-    for bi in range(nb):
-        r0, r1 = bi * block, min((bi + 1) * block, n)
-        r = r0
-        while r < r1:
-            # as many rows as fit in one chunk (at least one)
-            stop = int(np.searchsorted(indptr, indptr[r] + _CHUNK, side="right")) - 1
-            stop = min(max(stop, r + 1), r1)
-            seg = m.indices[indptr[r] : indptr[stop]]
-            if seg.size:
-                out[bi] += np.bincount(seg // block, minlength=nb)
-            r = stop
-    return out
-
-
 def block_density(pattern: Pattern, block: int, *, heads: Any = None) -> np.ndarray:
     """Fraction of set pairs in every ``block x block`` tile, per head.
 
     Tiles at the right and bottom edges are cropped to ``n``; their fraction is
-    over the cropped area. Computed from the CSR one row block at a time.
+    over the cropped area. Computed from row ranges of the pattern (:meth:`Pattern.iter_rows`),
+    whole row blocks at a time, so it never holds the whole CSR.
 
     Parameters
     ----------
@@ -104,10 +86,17 @@ def block_density(pattern: Pattern, block: int, *, heads: Any = None) -> np.ndar
     sizes = np.full(nb, block, dtype=np.float64)
     sizes[-1] = n - block * (nb - 1)
     area = np.multiply.outer(sizes, sizes)  # (nb, nb)
-    out = np.empty((len(drawn), nb, nb), dtype=np.float64)
-    for t, h in enumerate(drawn):
-        out[t] = _head_block_counts(pattern.heads[h], block, nb) / area
-    return out
+    counts = np.zeros((len(drawn), nb, nb), dtype=np.int64)
+    # whole row blocks at a time, streamed from the pattern's rule (never the whole CSR)
+    chunk = max(1, pattern.chunk_rows(_CHUNK) // block) * block
+    for start, stop, mats in pattern.iter_rows(chunk):
+        b0, b1 = start // block, -(-stop // block)
+        for t, h in enumerate(drawn):
+            m = mats[h]
+            rows = np.repeat(np.arange(m.shape[0], dtype=np.int64) // block, np.diff(m.indptr))
+            key = rows * nb + m.indices.astype(np.int64) // block
+            counts[t, b0:b1] = np.bincount(key, minlength=(b1 - b0) * nb).reshape(b1 - b0, nb)
+    return counts / area
 
 
 def _token_codes(pattern: Pattern, drawn: list[int]) -> np.ndarray:
