@@ -15,8 +15,8 @@ import pytest
 
 import sparse_patterns as sps
 from sparse_patterns import kernels
-from sparse_patterns.kernels import profile as prof
-from sparse_patterns.kernels.profile import ProfileTable, profile
+from sparse_patterns.profiling import ProfileTable, profile
+from sparse_patterns.profiling import _run as prof
 
 FAST = dict(repeats=2, heads=2, head_dim=8)
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from sparse_patterns import kernels
 from sparse_patterns.cli import app
-from sparse_patterns.kernels import profile as prof
+from sparse_patterns.profiling import _run as prof
 
 FAST = ["--impls", "reference", "--baselines", "none", "--repeats", "1", "--heads", "2",
         "--head-dim", "8"]
@@ -84,3 +84,41 @@ def test_wrong_kernel_exits_1(monkeypatch):
     r = run("strided", "--n", "32", "--stride", "4", *FAST)
     assert r.exit_code == 1
     assert "reference is WRONG" in r.stdout and "error: wrong output or failure: reference on strided n=32" in r.stderr
+
+
+@pytest.fixture
+def columns_80(monkeypatch):
+    """The command's console 80 columns wide, whatever COLUMNS said when it was made."""
+    from rich.console import Console
+
+    monkeypatch.setattr("sparse_patterns.cli.profile.console", Console(width=80))
+
+
+@pytest.mark.parametrize("baselines", ["none", "sdpa"])
+def test_default_table_fits_80_columns(baselines, columns_80):
+    """Piped into an 80-column terminal: no cell cut to "…", no line over 80 characters."""
+    if baselines != "none":
+        pytest.importorskip("torch")
+    r = CliRunner().invoke(app, ["profile", "longformer", "strided", "--n", "64,1000", *FAST,
+                                 "--baselines", baselines], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    assert "…" not in r.stdout
+    assert all(len(line) <= 80 for line in r.stdout.splitlines()), r.stdout
+    lines = r.stdout.splitlines()
+    header = next(line.split() for line in lines if line.startswith("pattern "))
+    assert header == ["pattern", "n", "impl", "ms", "GF/s", "%mm",
+                      *(["xsdpa"] if baselines == "sdpa" else []), "check"]
+    assert "longformer" in r.stdout and "1,000" in r.stdout and "CPU capability" in r.stdout
+
+
+def test_wide_shows_every_column(columns_80):
+    pytest.importorskip("torch")
+    r = CliRunner().invoke(app, ["profile", "strided", "--n", "64", "--stride", "8", *FAST,
+                                 "--baselines", "sdpa", "--wide"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    assert "…" not in r.stdout
+    header = next(line.split() for line in r.stdout.splitlines() if line.startswith("pattern "))
+    assert header == ["pattern", "n", "dens", "GFLOP", "c/u", "impl", "median", "min-max",
+                      "1st-med", "GF/s", "%mm", "MB", "sdpa", "xsdpa", "check"]
+    row = next(line.split() for line in r.stdout.splitlines() if line.startswith("strided"))
+    assert len(row) == len(header) and row[-1] == "ok"

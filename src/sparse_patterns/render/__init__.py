@@ -25,6 +25,7 @@ from .figure import VIEWS, render_view
 from .gallery import build_gallery, paper_figure
 from .image import check_raster, plot_image_view
 from .matrix import TOKEN_LIMIT, auto_block, block_density, plot_pattern
+from .profile import plot_profile as plot_profile
 
 __all__ = [
     "plot_pattern", "plot_image_view", "plot_hops", "plot_scaling", "paper_figure",

@@ -1,0 +1,174 @@
+"""Probes of the machine the profiler runs on: peak memory of one call (from
+``/proc`` and libc, or ``getrusage``), the fp32 matmul rate that sets the
+throughput reference, and the cores, CPU capability, versions and load average
+reported beside every profile."""
+
+from __future__ import annotations
+
+import ctypes
+import datetime as _dt
+import gc
+import os
+import platform
+import resource
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["measure", "matmul_gflops", "machine_info", "load_average"]
+
+#: The CPU kernel's module: its recycled arrays are freed before memory is measured.
+_CPU_MODULE = "sparse_patterns.kernels.cpu"
+
+_LIBC: Any = None
+
+
+# ====================================================================== memory
+def _malloc_trim() -> None:
+    """Give freed heap pages back to the OS, so that reusing them shows in the RSS."""
+    global _LIBC
+    try:
+        if _LIBC is None:
+            _LIBC = ctypes.CDLL(None)
+        _LIBC.malloc_trim(0)
+    except (OSError, AttributeError):
+        _LIBC = False
+
+
+def _status_kb(key: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _reset_hwm() -> bool:
+    """Reset the kernel's resident-set high-water mark (Linux ``clear_refs`` 5)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return _status_kb("VmHWM") is not None
+    except OSError:
+        return False
+
+
+def _maxrss() -> int:
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(r) if platform.system() == "Darwin" else int(r) * 1024
+
+
+def measure(fn: Callable[[], Any]) -> tuple[Any, float, int]:
+    """Run ``fn`` once: ``(result, seconds, peak bytes above the memory held before)``.
+
+    The peak is the larger of the resident set's high-water mark (Linux
+    ``VmHWM``, reset through ``/proc/self/clear_refs`` after ``malloc_trim``;
+    ``getrusage`` elsewhere) and the peak of ``tracemalloc``. The CPU kernel's
+    recycled arrays are freed first, so that its output counts as new memory,
+    as every other runner's does.
+
+    Examples
+    --------
+    >>> out, seconds, peak = measure(lambda: bytearray(1 << 20))
+    >>> len(out), seconds >= 0, peak >= 0
+    (1048576, True, True)
+    """
+    cpu = sys.modules.get(_CPU_MODULE)
+    if cpu is not None:
+        cpu.release_workspace()
+    gc.collect()
+    _malloc_trim()
+    exact = _reset_hwm()
+    before = _status_kb("VmRSS") if exact else _maxrss()
+    tracemalloc.start()
+    try:
+        t0 = time.perf_counter()
+        out = fn()
+        dt = time.perf_counter() - t0
+        traced = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    after = _status_kb("VmHWM") if exact else _maxrss()
+    rss = max(0, (after or 0) - (before or 0))
+    return out, dt, max(rss, int(traced))
+
+
+# ====================================================================== throughput and machine
+def matmul_gflops(torch: Any, n: int) -> tuple[float, str]:
+    """``(GFLOP/s, what was timed)`` of an ``n x n`` fp32 matmul: the median of 5 calls.
+
+    ``torch.matmul`` when ``torch`` is given, numpy's ``@`` when it is None.
+
+    Examples
+    --------
+    >>> rate, source = matmul_gflops(None, 64)
+    >>> rate > 0, source
+    (True, 'numpy matmul fp32 64x64 (torch missing)')
+    """
+    if torch is not None:
+        a = torch.randn(n, n, dtype=torch.float32)
+        b = torch.randn(n, n, dtype=torch.float32)
+        fn, src = (lambda: torch.matmul(a, b)), f"torch.matmul fp32 {n}x{n}"
+    else:
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((n, n), dtype=np.float32)
+        b = rng.standard_normal((n, n), dtype=np.float32)
+        fn, src = (lambda: a @ b), f"numpy matmul fp32 {n}x{n} (torch missing)"
+    fn()
+    ts = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return 2.0 * n**3 / float(np.median(ts)) / 1e9, src
+
+
+def machine_info(torch: Any) -> dict[str, Any]:
+    """Cores, CPU model and capability, thread counts, versions, date and load average.
+
+    Examples
+    --------
+    >>> m = machine_info(None)
+    >>> m["cores"] >= 1, m["cpu_capability"] is None, "load_before" in m
+    (True, True, True)
+    """
+    import numba  # noqa: PLC0415
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count()
+    return {
+        "cores": cores, "cpu": cpu,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability() if torch is not None else None,
+        "torch_threads": torch.get_num_threads() if torch is not None else None,
+        "numba_threads": numba.get_num_threads(),
+        "torch": torch.__version__ if torch is not None else None,
+        "numba": numba.__version__, "numpy": np.__version__,
+        "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "load_before": load_average(),
+    }
+
+
+def load_average() -> str | None:
+    """The 1, 5 and 15 minute load averages as one string (None where unavailable)."""
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return None
