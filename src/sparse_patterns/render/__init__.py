@@ -10,7 +10,7 @@ colour ``HEAD_COLORS[k]``, a cell several heads attend the mean of theirs.
 
 from __future__ import annotations
 
-from ._save import FORMATS, save_figure
+from ._save import FORMATS, check_output, save_figure
 from ._style import (
     BACKGROUND,
     HEAD_COLORS,
@@ -25,10 +25,10 @@ from .figure import VIEWS, render_view
 from .gallery import build_gallery, paper_figure
 from .image import check_raster, plot_image_view
 from .matrix import TOKEN_LIMIT, auto_block, block_density, plot_pattern
-from .profile import plot_profile as plot_profile
+from .profile import plot_profile
 
 __all__ = [
-    "plot_pattern", "plot_image_view", "plot_hops", "plot_scaling", "paper_figure",
+    "plot_pattern", "plot_profile", "check_output", "plot_image_view", "plot_hops", "plot_scaling", "paper_figure",
     "build_gallery", "hop_color", "HOP_LIMIT", "block_density", "auto_block", "check_raster",
     "pattern_title", "head_color", "combo_color", "HEAD_COLORS", "OKABE_ITO", "BACKGROUND",
     "QUERY_COLOR", "TOKEN_LIMIT", "save_figure", "FORMATS", "render_view", "VIEWS",
