@@ -10,7 +10,7 @@ and torch SDPA ``is_causal=True`` at n=16,384; strided (l=128) and fixed (l=128,
 c=16) forward times, their speed-up over SDPA and their useful-FLOP throughput as
 a share of the matmul rate (strided also with a new output array each call: the
 kernel recycles the arrays of outputs its caller dropped, see
-``sparse_patterns.kernels.cpu._buffer``); the cost of going to n=65,536 with l=sqrt(n); the
+``sparse_patterns.kernels.cpu._pool._buffer``); the cost of going to n=65,536 with l=sqrt(n); the
 forward's peak memory at 65,536 (a subprocess sampling its resident set); the
 backward/forward ratio; and the first-call (compile or cache load) time.
 

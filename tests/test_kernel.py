@@ -76,7 +76,7 @@ def test_patterns_match_oracle(name, n, params, block, mode, dtype):
 def test_key_orders_copied_per_work_item_or_once(mode, name, n, params, block, reorder):
     """Both ways of putting a piece's keys in its order (a copy per work item, or one
     reordering of the used key blocks per call) give the oracle's result."""
-    from sparse_patterns.kernels.cpu import _block_steps, _item_span
+    from sparse_patterns.kernels.cpu._schedule import _block_steps, _item_span
 
     pat = sps.make(name, n, **params)
     pl = plan(pat, mode=mode, block=block)
@@ -94,7 +94,12 @@ def test_work_items_copy_each_of_their_rows_once_in_run_order():
     every query position of its blocks exactly once, keys by runs of grid rows and,
     within a run, class by class (see ``_copy_orders``); and the forward through those
     copies gives the oracle's result."""
-    from sparse_patterns.kernels.cpu import _COPY_RUN, _LOCAL_ROWS, _forward_steps, _residues
+    from sparse_patterns.kernels.cpu._schedule import (
+        _COPY_RUN,
+        _LOCAL_ROWS,
+        _forward_steps,
+        _residues,
+    )
 
     pat = sps.make("strided", 3000, stride=37)  # 37 classes of 81-82 tokens
     block = 4
@@ -150,7 +155,7 @@ def test_query_tiles_transposed_in_registers(name, n, params, block, d):
 def test_transpose16_against_numpy(dtype):
     import numba
 
-    from sparse_patterns.kernels.cpu import _transpose16
+    from sparse_patterns.kernels.cpu._llvm import _transpose16
 
     @numba.njit
     def run(src, roff, i0, c0, dst, doff, dld):
@@ -174,7 +179,8 @@ def test_copy_nt_writes_whole_rows_and_nothing_else(dtype):
     to a cache-line-aligned destination, the rest of the destination untouched."""
     import numba
 
-    from sparse_patterns.kernels.cpu import _aligned, _copy_nt
+    from sparse_patterns.kernels.cpu._llvm import _copy_nt
+    from sparse_patterns.kernels.cpu._pool import _aligned
 
     @numba.njit
     def run(dst, doff, src, soff, count):
@@ -194,7 +200,7 @@ def test_copy_nt_writes_whole_rows_and_nothing_else(dtype):
 def test_aligned_buffers_start_on_a_cache_line(dtype):
     """The kernels' work buffers start on 64-byte boundaries, whatever the allocator
     returns, and have the size and dtype asked for."""
-    from sparse_patterns.kernels.cpu import _aligned
+    from sparse_patterns.kernels.cpu._pool import _aligned
 
     like = np.zeros(3, dtype)
     for size in (0, 1, 15, 16, 1000, 2048 * 64):
@@ -214,8 +220,9 @@ def test_exp32_matches_the_vectorized_loop_bit_for_bit(avx512, monkeypatch):
     other CPUs get."""
     import numba
 
-    from sparse_patterns.kernels import cpu
-    from sparse_patterns.kernels.cpu import _exp32, _exp_cols
+    from sparse_patterns.kernels.cpu import _llvm as cpu  # _AVX512 is read there
+    from sparse_patterns.kernels.cpu._forward import _exp_cols
+    from sparse_patterns.kernels.cpu._llvm import _exp32
 
     if avx512 and not cpu._AVX512:
         pytest.skip("this CPU has no AVX-512")
@@ -263,7 +270,7 @@ def test_pv32_against_numpy(d, dtype):
     written to another array."""
     import numba
 
-    from sparse_patterns.kernels.cpu import _pv32
+    from sparse_patterns.kernels.cpu._llvm import _pv32
 
     @numba.njit
     def run(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff):
@@ -305,7 +312,7 @@ def test_group_rows_bound_what_each_query_group_sees():
     """For every partial-tile mask of a 32-token plan and every group of 4 queries,
     :func:`_group_rows` gives the first key any of them sees and one past the last:
     the keys outside are masked for the whole group (what :func:`_pv32` skips)."""
-    from sparse_patterns.kernels.cpu import _group_rows, _masks_t
+    from sparse_patterns.kernels.cpu._schedule import _group_rows, _masks_t
 
     pl = plan(sps.make("strided", 300, stride=40), mode="merged", block=32)
     assert pl.masks.shape[0] > 0
@@ -386,7 +393,7 @@ def test_backward_items_are_closed_under_the_tiles(n, stride, block):
     tile of the piece lies within (query and key block in one item), whose positions,
     in copy order, are each range's positions once, in runs of grid rows and class
     by class (as the forward's copies); the natural-order piece has none."""
-    from sparse_patterns.kernels.cpu import _COPY_RUN, _backward_items
+    from sparse_patterns.kernels.cpu._schedule import _COPY_RUN, _backward_items
 
     pl = plan(sps.make("strided", n, stride=stride), mode="merged", block=block)
     item_ptr, items, order, most = _backward_items(pl)
@@ -579,7 +586,7 @@ def test_recycled_arrays_are_per_thread_and_released():
     import sys
     import threading
 
-    from sparse_patterns.kernels import cpu
+    from sparse_patterns.kernels.cpu import _pool as cpu  # the pool's state
 
     pat = sps.make("strided", 2048, stride=32)
     assert len(plan(pat, mode="merged").piece_kind) == 2  # two pieces: state between them
@@ -613,7 +620,7 @@ def test_recycled_arrays_are_never_handed_out_while_referenced():
     reused; ``release_workspace`` empties the pool."""
     import torch
 
-    from sparse_patterns.kernels import cpu
+    from sparse_patterns.kernels.cpu import _pool as cpu  # the pool's state
 
     cpu.release_workspace()
     pat = sps.make("strided", 2048, stride=32)  # two pieces

@@ -1,0 +1,36 @@
+"""The CPU kernel (``impl="numba"``): fused sparse attention over an ExecutionPlan.
+
+:func:`forward` and :func:`backward` take C-contiguous float32 or float64
+``(B, H, n, d)`` arrays that :func:`sparse_patterns.kernels.attention` has
+validated, and a plan; their outputs come from a per-thread pool of recycled arrays
+(:func:`release_workspace` frees it). Nothing of size ``n x n`` is ever allocated.
+The implementation modules are private; each one's docstring holds the performance
+notes about its code (each measured, A/B in one process, on a CPU without SVML):
+
+- ``_forward``: the forward, one online softmax per token across the pieces of its
+  softmax group (``_qblock``: one query block; ``_forward_piece``: the work items);
+- ``_backward``: the backward, recomputed from the saved log-sum-exp
+  (``_kblock``: one key block; ``_backward``: the heads in parallel);
+- ``_schedule``: what both derive from the plan once per plan (block steps,
+  ``residue(s)`` pieces, work items and their copy orders, transposed masks);
+- ``_llvm``: vector primitives written in LLVM IR (row copies, 16 x 16
+  transposes, the float32 exponential, the fused 32-token tile passes);
+- ``_blas``: BLAS ``?gemm`` from ``@njit`` code, :func:`single_threaded_blas`,
+  numba's thread count per call;
+- ``_pool``: work buffers on cache lines and the per-thread pool of outputs.
+
+The ``@njit(cache=True)`` functions call each other across these modules (numba
+links a callee's LLVM IR into its caller, and LLVM optimizes them together), but
+numba invalidates a cached function only when its own file changes: after editing
+``_llvm.py``, ``_blas.py``, ``_pool.py`` or ``_schedule.py``, delete this package's
+``__pycache__/*.nbi`` and ``*.nbc`` files, or the callers keep the old code.
+"""
+
+from __future__ import annotations
+
+from ._backward import backward
+from ._blas import single_threaded_blas
+from ._forward import forward
+from ._pool import release_workspace
+
+__all__ = ["forward", "backward", "release_workspace", "single_threaded_blas"]

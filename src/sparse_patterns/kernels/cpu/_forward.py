@@ -1,0 +1,532 @@
+"""The forward of the CPU kernel: fused sparse attention over an ExecutionPlan, one
+online softmax per token continued across the pieces of its softmax group.
+
+The pieces of one softmax group continue a single online softmax per
+token (running max ``m``, running sum ``l``, unnormalized output), so no
+log-sum-exp merge is needed between them: the first piece of a group starts the
+state, the last one normalizes it into the output; in between, the unnormalized
+output rows live in the output's own rows. The output and the backward's gradients
+are arrays recycled by the calling thread once nothing references them
+(:func:`._pool._buffer`), not new pages each call. In parallel over (batch x head, run of
+query blocks), the scores of a query tile against a chunk of key tiles are
+computed transposed (keys x queries), the partial tiles masked, the online softmax
+updated with loops vectorized across the queries, and ``P V`` added into the
+tile's output rows. A piece whose blocks are not runs of consecutive tokens (a
+``residue(s)`` order) has each work item copy its queries, keys, values and
+softmax state into buffers of its own, one array at a time in
+the order of a per-plan schedule (:func:`._schedule._copy_orders`: runs of grid rows,
+class by class); if a work item's keys span much more than its queries (summary keys
+put first), the used key blocks are put in the piece's order once per call instead.
+Nothing of size ``n x n`` is ever allocated.
+
+The row max (measured, A/B in one process): a float max reduction is not vectorized
+without fast-math (which would drop NaN semantics), so the forward keeps the scores
+transposed and takes elementwise maxima across the queries. The exponential, the
+fused 32-token tile passes and the row moves are :mod:`._llvm`'s; the matrix products
+:mod:`._blas`'s.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from numba import prange
+from numba.np.linalg import ensure_blas
+
+from ._blas import _N, _T, _gemm, _threads_for, single_threaded_blas
+from ._llvm import (
+    _FM,
+    _LOG2E,
+    _copy,
+    _copy_nt,
+    _exp2f,
+    _exp32,
+    _pv32,
+    _scores32,
+    _transpose16,
+    _wide,
+    _zero,
+)
+from ._pool import _aligned, _buffer
+from ._schedule import _CHUNK, _NO_MASKS, _NO_ROWS, _forward_steps, _group_rows, _masks_t
+
+__all__ = ["forward"]
+
+
+# --------------------------------------------------------------------- row helpers
+@numba.njit(cache=True)
+def _mask_tile_t(st, c0, ncol, nrow, masks, mi):  # pragma: no cover - compiled
+    """``-inf`` where partial tile ``mi`` is unset, in transposed scores: tile
+    column ``c`` (a key) is row ``c0 + c`` of ``st``, tile row ``r`` its column ``r``."""
+    _wide()
+    W = masks.shape[2]
+    ninf = st.dtype.type(-np.inf)
+    for w in range(W):
+        lo = w * 64
+        hi = min(ncol, lo + 64)
+        for c in range(lo, hi):
+            sh = np.uint64(c - lo)
+            row = st[c0 + c]
+            for r in range(nrow):  # contiguous in st and in masks[mi, :, w] (W = 1)
+                keep = (masks[mi, r, w] >> sh) & np.uint64(1)
+                row[r] = row[r] if keep else ninf
+
+
+
+@numba.njit(cache=True, fastmath=_FM)
+def _softmax_cols(st, nk, rows, mrow, cmax, msub, csum, precise):  # pragma: no cover - compiled
+    """Online-softmax step on transposed scores ``st`` (``nk`` keys x ``rows``
+    queries), vectorized across the queries: ``cmax`` = max of ``mrow`` and each
+    column (NaN if the column has one), ``st = exp(st - cmax)`` (0 for a column
+    whose max is ``-inf``), ``csum`` = the column sums. ``precise`` (float64):
+    natural units and ``math.exp``; otherwise the scores are in base-2 units
+    (scaled by ``log2 e``) and the exponential is :func:`_exp2f`."""
+    _wide()
+    for r in range(rows):
+        cmax[r] = mrow[r]
+    for j in range(nk):
+        for r in range(rows):
+            x = st[j, r]
+            m = cmax[r]
+            cmax[r] = x if (x > m or x != x) else m
+    _exp_cols(st, nk, rows, cmax, msub, csum, precise)
+
+
+@numba.njit(cache=True, fastmath=_FM)
+def _exp_cols(st, nk, rows, cmax, msub, csum, precise):  # pragma: no cover - compiled
+    """Second half of :func:`_softmax_cols`, given the column maxima ``cmax``:
+    ``st = exp(st - cmax)`` (0 for a column whose max is ``-inf``), ``csum`` = the
+    column sums."""
+    _wide()
+    F = st.dtype.type
+    ninf = F(-np.inf)
+    for r in range(rows):
+        msub[r] = cmax[r] if cmax[r] != ninf else F(0.0)
+        csum[r] = F(0.0)
+    if precise:
+        for j in range(nk):
+            for r in range(rows):
+                y = math.exp(st[j, r] - msub[r])
+                st[j, r] = y
+                csum[r] += y
+        return
+    G = np.float32
+    for j in range(nk):
+        for r in range(rows):
+            y = _exp2f(G(st[j, r]) - G(msub[r]))
+            st[j, r] = y
+            csum[r] += y
+
+
+
+@numba.njit(cache=True, fastmath=_FM)
+def _exp_rows(x, rows, precise):  # pragma: no cover - compiled
+    """``x[:rows] = exp(x[:rows])`` (``precise``) or ``2**x[:rows]`` (float32, vectorized);
+    ``-inf`` gives 0, NaN stays NaN."""
+    _wide()
+    if precise:
+        for r in range(rows):
+            x[r] = math.exp(x[r])
+        return
+    for r in range(rows):
+        x[r] = _exp2f(np.float32(x[r]))
+
+
+@numba.njit(cache=True, fastmath=_FM)
+def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last, qmap, kperm_used,
+            kstart, kstep, tile_ptr, tile_col, tile_mask, masks, maskt, grows, fused, block, chunk,
+            precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff):  # pragma: no cover - compiled
+    """Query block ``I`` of piece ``p`` for one (batch, head): continues the online
+    softmax of its queries over chunks of tiles. Position ``x`` of the piece's order
+    is row ``base + qmap[x]`` of ``q1`` and of the state, and its key and value row
+    ``kbase + kperm_used[x]``. Between pieces of one softmax group the state of each
+    token lives in ``m1`` (running max), ``l1`` (running sum) and ``o1`` (unnormalized output);
+    the ``first`` piece of a group starts it, the ``last`` one normalizes ``o1`` into the
+    output in place, ``m1`` becoming the log-sum-exp."""
+    _wide()
+    nb = (n + block - 1) // block
+    ninf = -np.inf
+    unit = 1.0 if precise else _LOG2E  # float32 scores in base-2 units (exp2 is cheaper)
+    t0 = tile_ptr[p * nb + I]
+    t1 = tile_ptr[p * nb + I + 1]
+    if t0 == t1 and not first and not last:
+        return
+    rows = min(block, n - I * block)
+    x0 = I * block
+    # in place: where the block's rows are consecutive rows of the state and every
+    # chunk is whole 32-token float32 tiles, P V (_pv32) accumulates straight into
+    # those rows of o1 and the last piece normalizes them there, with no copy to and
+    # from ``obuf``
+    inplace = fused and rows == 32 and d % 16 == 0 and t0 < t1
+    if inplace:
+        for r in range(1, rows):
+            if qmap[x0 + r] != qmap[x0] + r:
+                inplace = False
+                break
+        for t in range(t0, t1):
+            if (tile_col[t] + 1) * block > n:
+                inplace = False
+                break
+    if inplace:
+        ob, ooff = o1, (base + qmap[x0]) * d
+        if first:
+            _zero(o1, ooff, rows * d)
+    else:
+        ob, ooff = obuf, 0
+    for r in range(rows):
+        i = base + qmap[x0 + r]
+        if first:
+            mrow[r] = ninf
+            lrow[r] = 0.0
+            if not inplace:
+                _zero(obuf, r * d, d)
+        else:
+            mrow[r] = m1[i]
+            lrow[r] = l1[i]
+            if not inplace:
+                _copy(obuf, r * d, o1, i * d, d)
+    if t0 < t1:  # Q^T (d x rows): the score product is then a fast NN gemm
+        if rows % 16 == 0 and d % 16 == 0:
+            for r in range(rows):
+                roff[r] = (base + qmap[x0 + r]) * d
+            for r0 in range(0, rows, 16):
+                for c0 in range(0, d, 16):
+                    _transpose16(q1, roff, r0, c0, qbuf, c0 * rows + r0, rows)
+        else:
+            for r in range(rows):
+                src = (base + qmap[x0 + r]) * d
+                for c in range(d):
+                    qbuf[c * rows + r] = q1[src + c]
+    for c0 in range(t0, t1, chunk):
+        c1 = min(t1, c0 + chunk)
+        J0 = tile_col[c0]
+        run = kstep[J0] == 1
+        for t in range(c0 + 1, c1):
+            J = tile_col[t]
+            if J != J0 + (t - c0) or kstep[J] != 1 or kstart[J] != kstart[J0] + (J - J0) * block:
+                run = False
+        if run:  # contiguous key rows, used in place
+            ka, va, koff = k1, v1, (kbase + kstart[J0]) * d
+            nk = min(n, (J0 + c1 - c0) * block) - J0 * block
+        else:
+            nk = 0
+            for t in range(c0, c1):
+                J = tile_col[t]
+                cols = min(block, n - J * block)
+                for x in range(cols):
+                    src = (kbase + kperm_used[J * block + x]) * d
+                    _copy(kbuf, (nk + x) * d, k1, src, d)
+                    _copy(vbuf, (nk + x) * d, v1, src, d)
+                nk += cols
+            ka, va, koff = kbuf, vbuf, 0
+        # scores, transposed: st (nk keys x rows queries, row-major) = scale K Q^T
+        st = sbuf[: nk * rows].reshape((nk, rows))
+        whole = fused and rows == 32 and nk == 32 * (c1 - c0)  # whole 32 x 32 float32 tiles
+        if whole:
+            for r in range(rows):
+                cmax[r] = mrow[r]
+            _scores32(ka, koff, qbuf, sbuf, c1 - c0, d, scale * unit, tile_mask, c0, maskt, cmax)
+            _exp32(sbuf, nk, cmax, csum)
+        else:
+            _gemm(_N, _N, rows, nk, d, scale * unit, qbuf, 0, rows, ka, koff, d, 0.0, sbuf, 0, rows)
+            off = 0
+            for t in range(c0, c1):
+                cols = min(block, n - tile_col[t] * block)
+                if tile_mask[t] >= 0:
+                    _mask_tile_t(st, off, cols, rows, masks, tile_mask[t])
+                off += cols
+            _softmax_cols(st, nk, rows, mrow, cmax, msub, csum, precise)
+        for r in range(rows):  # alpha = exp(old max - new max); 1 where nothing changes
+            alpha[r] = mrow[r] - cmax[r] if cmax[r] != ninf else 0.0
+        _exp_rows(alpha, rows, precise)
+        for r in range(rows):
+            lrow[r] = lrow[r] * alpha[r] + csum[r]
+            if cmax[r] != ninf:
+                mrow[r] = cmax[r]
+        if whole and d % 16 == 0:
+            # each group of 4 queries sees key rows lo .. hi of the chunk (from the
+            # masks of its first and last tile that hold any of its queries)
+            full = grows.size // 16 - 1
+            lo, hi = roff[:8], roff[8:16]
+            for g in range(8):
+                lo[g] = 0
+                hi[g] = 0
+                for t in range(c0, c1):
+                    mi = tile_mask[t] if tile_mask[t] >= 0 else full
+                    if grows[mi * 16 + 2 * g] < 32:
+                        lo[g] = (t - c0) * 32 + grows[mi * 16 + 2 * g]
+                        break
+                for t in range(c1 - 1, c0 - 1, -1):
+                    mi = tile_mask[t] if tile_mask[t] >= 0 else full
+                    if grows[mi * 16 + 2 * g + 1] > 0:
+                        hi[g] = (t - c0) * 32 + grows[mi * 16 + 2 * g + 1]
+                        break
+            post = msub  # free in the fused path: 1, or 1 / l after the last chunk
+            final = inplace and last and c1 == t1
+            for r in range(rows):
+                post[r] = 1.0
+                if final and lrow[r] != 0.0:
+                    post[r] = 1.0 / lrow[r]
+            _pv32(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)  # in place
+        else:
+            for r in range(rows):
+                a = alpha[r]
+                if a != 1.0:
+                    orow = obuf[r * d: (r + 1) * d]  # a view: its loop vectorizes (see _copy)
+                    for c in range(d):
+                        orow[c] *= a
+            # o (rows x d, row-major) += P V, with P^T = st
+            _gemm(_N, _T, d, rows, nk, 1.0, va, koff, d, sbuf, 0, rows, 1.0, obuf, 0, d)
+    if inplace:  # the rows of o1 hold the state, or the output if ``last``
+        for r in range(rows):
+            i = base + qmap[x0 + r]
+            if not last:
+                m1[i] = mrow[r]
+                l1[i] = lrow[r]
+            elif lrow[r] == 0.0:  # no key in this row (NaN scores leave l NaN, not 0)
+                _zero(o1, i * d, d)
+                m1[i] = ninf
+            else:
+                m1[i] = mrow[r] / unit + math.log(lrow[r])
+        return
+    for r in range(rows):
+        i = base + qmap[x0 + r]
+        if last:
+            li = lrow[r]
+            if li == 0.0:  # no key in this row (NaN scores leave l NaN, not 0)
+                _zero(o1, i * d, d)
+                m1[i] = ninf
+            else:
+                inv = 1.0 / li
+                dst = o1[i * d: (i + 1) * d]  # views: a loop over two offsets into flat
+                src = obuf[r * d: (r + 1) * d]  # arrays is not vectorized, ~10x slower
+                for c in range(d):
+                    dst[c] = src[c] * inv
+                m1[i] = mrow[r] / unit + math.log(li)
+        else:
+            _copy(o1, i * d, obuf, r * d, d)
+            m1[i] = mrow[r]
+            l1[i] = lrow[r]
+
+
+@numba.njit(parallel=True, cache=True)
+def _permute_rows(x1, perm, p, BH, rows, d, out1):  # pragma: no cover - compiled
+    """``out1`` (flattened ``(BH*n, d)``): rows ``0 .. rows`` of every (batch, head)
+    set to the rows of ``x1`` in the order ``perm[p]``."""
+    _wide()
+    n = perm.shape[1]
+    R = 512  # rows per work item (the loop may be handed out in small chunks)
+    for u in prange((BH * rows + R - 1) // R):
+        for w in range(u * R, min(BH * rows, (u + 1) * R)):
+            bh = w // rows
+            x = w % rows
+            src = (bh * n + perm[p, x]) * d
+            dst = (bh * n + x) * d
+            _copy(out1, dst, x1, src, d)
+
+
+@numba.njit(parallel=True, cache=True)
+def _permute_residue(x1, s, BH, n, d, out1):  # pragma: no cover - compiled
+    """``out1``: the rows of every (batch, head) of ``x1`` grouped by ``i mod s`` (each
+    group in increasing ``i``), the order of a ``residue(s)`` piece. Copied in tiles of
+    ``16 x 16`` grid cells (token ``g*s + r`` goes to ``offset[r] + g``), so that reads and
+    writes are both runs of consecutive rows."""
+    _wide()
+    ng = (n + s - 1) // s
+    off = np.empty(s + 1, np.int64)
+    off[0] = 0
+    for r in range(s):
+        off[r + 1] = off[r] + (n - r + s - 1) // s
+    T = 16
+    ngb = (ng + T - 1) // T
+    nrb = (s + T - 1) // T
+    for w in prange(BH * ngb * nrb):
+        bh = w // (ngb * nrb)
+        gb = (w // nrb) % ngb
+        rb = w % nrb
+        base = bh * n
+        for g in range(gb * T, min(ng, gb * T + T)):
+            for r in range(rb * T, min(s, rb * T + T)):
+                t = g * s + r
+                if t < n:
+                    src = (base + t) * d
+                    dst = (base + off[r] + g) * d
+                    _copy(out1, dst, x1, src, d)
+
+
+@numba.njit(parallel=True, cache=True, fastmath=_FM)
+def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last, qperm,
+                   kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col, tile_mask, masks,
+                   maskt, grows, fused, block, chunk, seg, precise, T):  # pragma: no cover - compiled
+    """Piece ``p`` (softmax group ``g``) of every (batch, head) whose group is ``g``.
+
+    ``span > 0``: the key blocks of a work item's tiles lie within ``span``
+    consecutive blocks of the piece's order; each work item then copies those key
+    and value rows (token ``kperm_used[x]`` for position ``x``), and its query rows
+    and softmax state, into buffers of its own, in which the piece's order is
+    contiguous. ``copies`` (from :func:`_copy_orders`) lists, per work item, the
+    positions to copy in the order that moves rows fastest."""
+    _wide()
+    n = m1.shape[0] // BH
+    nb = (n + block - 1) // block
+    nseg = (nb + seg - 1) // seg  # work items: (batch x head, run of `seg` query blocks)
+    local = np.arange(n, dtype=kperm_used.dtype)
+    lstart = np.arange(nb, dtype=kstart.dtype) * block
+    lstep = np.ones(nb, dtype=kstep.dtype)
+    # buffers per thread (``T`` threads), allocated once, not per work item
+    # on cache lines; each thread's slices too where block is a multiple of 16 (the default 32)
+    wq = _aligned(T * 2 * block * d, q1).reshape((T, 2, block * d))
+    wkv = _aligned(T * 2 * chunk * block * d, q1).reshape((T, 2, chunk * block * d))
+    ws = _aligned(T * block * chunk * block, q1).reshape((T, block * chunk * block))
+    wr = _aligned(T * 6 * block, q1).reshape((T, 6, block))
+    wi = np.empty((T, block), np.int64)
+    nkl = span * block if span > 0 else 0
+    nql = seg * block if span > 0 else 0
+    wkl = _aligned(T * 2 * nkl * d, q1).reshape((T, 2, nkl * d))
+    wql = _aligned(T * 2 * nql * d, q1).reshape((T, 2, nql * d))
+    wml = _aligned(T * 2 * nql, q1).reshape((T, 2, nql))
+    # a work item's state goes back to rows of ``o1`` scattered in runs of a few:
+    # where each row is whole cache lines, stored without reading them first (the
+    # strided forward at n = 16,384 2.3% faster, A/B; the next piece reads it again
+    # from memory either way)
+    whole_lines = (d * o1.itemsize) % 64 == 0 and o1.ctypes.data % 64 == 0
+    for w in prange(BH * nseg):
+        bh = w // nseg
+        if (bh % H) % G != g:
+            continue
+        tid = numba.get_thread_id()
+        qbuf, obuf = wq[tid, 0], wq[tid, 1]
+        kbuf, vbuf = wkv[tid, 0], wkv[tid, 1]
+        sbuf = ws[tid]
+        mrow, lrow, cmax, msub, csum, alpha = wr[tid, 0], wr[tid, 1], wr[tid, 2], wr[tid, 3], wr[tid, 4], wr[tid, 5]
+        I0 = (w % nseg) * seg
+        I1 = min(nb, I0 + seg)
+        base = bh * n
+        if span > 0:
+            # this work item's keys, values, queries and softmax state, copied into
+            # buffers of its own (one array at a time: see _copy_orders)
+            kx0, kptr, korder, qptr, qorder = copies
+            it = w % nseg
+            x0 = kx0[it]
+            kl, vl = wkl[tid, 0], wkl[tid, 1]
+            for t in range(kptr[it], kptr[it + 1]):
+                x = korder[t]
+                _copy(kl, (x - x0) * d, k1, (base + kperm_used[x]) * d, d)
+            for t in range(kptr[it], kptr[it + 1]):
+                x = korder[t]
+                _copy(vl, (x - x0) * d, v1, (base + kperm_used[x]) * d, d)
+            y0 = I0 * block
+            qp = qperm[p]
+            ql, ol = wql[tid, 0], wql[tid, 1]
+            ml, ll = wml[tid, 0], wml[tid, 1]
+            for t in range(qptr[it], qptr[it + 1]):
+                y = qorder[t]
+                _copy(ql, (y - y0) * d, q1, (base + qp[y]) * d, d)
+            if not first:
+                for t in range(qptr[it], qptr[it + 1]):
+                    y = qorder[t]
+                    i = base + qp[y]
+                    _copy(ol, (y - y0) * d, o1, i * d, d)
+                    ml[y - y0] = m1[i]
+                    ll[y - y0] = l1[i]
+            for I in range(I0, I1):
+                _qblock(ql, kl, vl, ol, ml, ll, -y0, -x0, n, d, p, I, scale, first, last,
+                        local, local, lstart, lstep, tile_ptr, tile_col, tile_mask, masks,
+                        maskt, grows, fused,
+                        block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
+                        msub, csum, alpha, wi[tid])
+            for t in range(qptr[it], qptr[it + 1]):
+                y = qorder[t]
+                i = base + qp[y]
+                if whole_lines:
+                    _copy_nt(o1, i * d, ol, (y - y0) * d, d)
+                else:
+                    _copy(o1, i * d, ol, (y - y0) * d, d)
+                m1[i] = ml[y - y0]
+                l1[i] = ll[y - y0]
+        else:
+            for I in range(I0, I1):
+                _qblock(q1, k1, v1, o1, m1, l1, base, base, n, d, p, I, scale, first, last,
+                        qperm[p], kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks,
+                        maskt, grows, fused,
+                        block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
+                        msub, csum, alpha, wi[tid])
+
+
+
+def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
+    """``q1, k1, v1, o1``: flattened ``(B*H*n*d,)``; ``m1``: ``(B*H*n,)`` (becomes the
+    log-sum-exp); head ``h`` uses group ``h % G``. The pieces of a group continue one
+    online softmax per token, in the order of :func:`_forward_steps`; between them the
+    unnormalized output lives in ``o1``'s rows, which the last piece normalizes."""
+    ensure_blas()
+    n, G, block = plan.n, plan.num_groups, plan.block
+    groups = [int(g) for g in plan.piece_group]
+    if len(set(groups)) < G:  # a group without pieces: its rows have no keys
+        H_ = np.arange(BH) % H % G
+        empty = ~np.isin(H_, groups)
+        o1.reshape(BH, -1)[empty] = 0.0
+        m1.reshape(BH, -1)[empty] = -np.inf
+    l1 = np.empty_like(m1)
+    kp1 = vp1 = None
+    # 32-token float32 tiles: scores, masks and column max in one pass (_scores32)
+    fused = block == 32 and not precise
+    maskt = plan.memo("cpu.masks_t", lambda: _masks_t(plan)) if fused else _NO_MASKS
+    grows = plan.memo("cpu.group_rows", lambda: _group_rows(maskt)) if fused else _NO_ROWS
+    for (p, first, last, span, items, reorder, kt, ks, kperm_used,
+         copies) in plan.memo(("cpu.forward", seg), lambda: _forward_steps(plan, seg)):
+        kq, vq = k1, v1
+        if reorder is not None:  # the used key blocks put in the piece's order
+            if kp1 is None:  # one buffer pair reused by the pieces
+                kp1, vp1 = _buffer(k1.shape, k1.dtype), _buffer(v1.shape, v1.dtype)
+            s, rows = reorder
+            if s > 0:
+                _permute_residue(k1, s, BH, n, d, kp1)
+                _permute_residue(v1, s, BH, n, d, vp1)
+            else:
+                _permute_rows(k1, plan.kperm, p, BH, rows, d, kp1)
+                _permute_rows(v1, plan.kperm, p, BH, rows, d, vp1)
+            kq, vq = kp1, vp1
+        _forward_piece(q1, kq, vq, o1, m1, l1, BH, H, d, scale, G, groups[p], p, first,
+                       last, plan.qperm, kperm_used, kt, ks, span, copies, plan.tile_ptr,
+                       plan.tile_col, plan.tile_mask, plan.masks, maskt, grows, fused, block,
+                       chunk, items, precise, numba.get_num_threads())
+
+
+
+def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,
+            chunk: int = _CHUNK, seg: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """Forward kernel on C-contiguous float32 or float64 ``(B, H, n, d)`` arrays.
+
+    Inputs are assumed validated (:func:`sparse_patterns.kernels.attention` does it).
+    The output comes from arrays that the calling thread recycles once nothing
+    references them (:func:`release_workspace` frees those it keeps).
+
+    Returns
+    -------
+    out : numpy.ndarray
+        Like ``q``. A row with no keys is 0.
+    lse : numpy.ndarray
+        ``(B, H, n)`` in ``q``'s dtype: the natural-log log-sum-exp of each row's
+        scaled scores; ``-inf`` for a row with no keys.
+
+    Examples
+    --------
+    >>> import numpy as np, sparse_patterns as sps
+    >>> pat = sps.make("strided", 16, stride=4)
+    >>> x = np.random.default_rng(0).standard_normal((1, 2, 16, 8))
+    >>> o, lse = forward(x, x, x, sps.plan(pat, block=4), scale=0.35)
+    >>> o.shape, lse.dtype
+    ((1, 2, 16, 8), dtype('float64'))
+    """
+    B, H, n, d = q.shape
+    out = _buffer(q.shape, q.dtype)
+    lse = np.empty(q.shape[:3], dtype=q.dtype)
+    with single_threaded_blas(), _threads_for(plan.flops(B, H, d)[1]):
+        _forward(q.reshape(-1), k.reshape(-1), v.reshape(-1), out.reshape(-1), lse.reshape(-1),
+                 B * H, H, d, q.dtype.type(scale), plan, int(chunk), int(seg),
+                 q.dtype == np.float64)
+    return out, lse
+
