@@ -40,6 +40,12 @@ app = typer.Typer(
 console = Console()
 err_console = Console(stderr=True)
 
+#: The options every pattern command shares (typer reads a default; sharing one is safe).
+_NAME = typer.Argument(None, help="Pattern name (see `patterns list`).")
+_N = typer.Option(None, "--n", help="Sequence length.")
+_FILE = typer.Option(None, "--file", help="A saved pattern (.npz, .safetensors, .json).")
+_JSON = typer.Option(False, "--json", help="Print JSON.")
+
 #: context settings for commands that take a pattern's parameters as options
 PATTERN_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
@@ -172,7 +178,7 @@ def emit_json(obj: Any) -> None:
 
 @app.command("list")
 @cli_command
-def list_cmd(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def list_cmd(json_out: bool = _JSON) -> None:
     """List the registered patterns, their parameters and the papers they come from."""
     rows = registry.describe()
     if json_out:
@@ -192,10 +198,10 @@ def list_cmd(json_out: bool = typer.Option(False, "--json", help="Print JSON."))
 @cli_command
 def show_cmd(
     ctx: typer.Context,
-    name: str = typer.Argument(None, help="Pattern name (see `patterns list`)."),
-    n: int = typer.Option(None, "--n", help="Sequence length."),
-    file: str = typer.Option(None, "--file", help="A saved pattern (.npz, .safetensors, .json)."),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    name: str = _NAME,
+    n: int = _N,
+    file: str = _FILE,
+    json_out: bool = _JSON,
 ) -> None:
     """Show a pattern: a text picture for n <= 64 and |A_i| figures per head.
 
@@ -274,7 +280,7 @@ class _ProgressBar:
 def verify_cmd(
     ctx: typer.Context,
     name: str = typer.Argument(None, help="Pattern name (default: strided, n=16384, stride 128)."),
-    n: int = typer.Option(None, "--n", help="Sequence length."),
+    n: int = _N,
     mode: str = typer.Option("interleaved", "--mode",
                              help="interleaved (step m uses head m), merged or multihead."),
     residual: bool = typer.Option(True, "--residual/--no-residual",
@@ -285,8 +291,8 @@ def verify_cmd(
     depth: bool = typer.Option(None, "--depth/--no-depth",
                                help="Force (or skip) the search for the steps full "
                                     "connectivity needs."),
-    file: str = typer.Option(None, "--file", help="A saved pattern (.npz, .safetensors, .json)."),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    file: str = _FILE,
+    json_out: bool = _JSON,
 ) -> None:
     """Check the paper's two criteria exactly: exit 0 when both hold, 1 when one fails.
 
@@ -326,7 +332,7 @@ def analyze_cmd(
     name: str = typer.Argument(..., help="Pattern name (see `patterns list`)."),
     ns: str = typer.Option("1024,4096,16384,65536", "--n",
                            help="Comma-separated sequence lengths."),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    json_out: bool = _JSON,
 ) -> None:
     """Sweep n and fit the growth of max |A_i| (compare with 1/p; use --stride sqrt).
 
@@ -363,9 +369,9 @@ def _parse_heads(text: str | None) -> list[str | int] | None:
 @cli_command
 def render_cmd(
     ctx: typer.Context,
-    name: str = typer.Argument(None, help="Pattern name (see `patterns list`)."),
-    n: int = typer.Option(None, "--n", help="Sequence length."),
-    file: str = typer.Option(None, "--file", help="A saved pattern (.npz, .safetensors, .json)."),
+    name: str = _NAME,
+    n: int = _N,
+    file: str = _FILE,
     view: str = typer.Option("matrix", "--view", help="matrix, image, hops or scaling."),
     output: str = typer.Option(None, "--output", "-o", help="Output file: .png, .svg or .pdf."),
     position: int = typer.Option(
@@ -457,15 +463,15 @@ _FORMAT_HELP = (
 @cli_command
 def export_cmd(
     ctx: typer.Context,
-    name: str = typer.Argument(None, help="Pattern name (see `patterns list`)."),
-    n: int = typer.Option(None, "--n", help="Sequence length."),
+    name: str = _NAME,
+    n: int = _N,
     file: str = typer.Option(None, "--file", help="Read the pattern from a saved file instead."),
     fmt: str = typer.Option(None, "--format", help=_FORMAT_HELP),
     out: str = typer.Option(..., "-o", "--output", help="Output file."),
     block: int = typer.Option(None, "--block", help="Block size (flex 128, bsa 128, layouts 16)."),
     mode: str = typer.Option("multihead", "--mode", help="multihead (head h uses h mod p) or merged."),
     num_heads: int = typer.Option(None, "--num-heads", help="Attention heads H (default p, or 1 merged)."),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    json_out: bool = _JSON,
 ) -> None:
     """Export a pattern to a framework's tensors or to a file.
 
