@@ -86,6 +86,20 @@ def _dtype_name(a: Any) -> str:
 
 
 # ----------------------------------------------------------------------- host arrays
+def check_shapes(arrays: dict[str, Any]) -> tuple[int, int, int, int]:
+    """q's shape ``(B, H, n, d)``; every other array shaped like it (``lse`` like ``(B, H, n)``)."""
+    shape = tuple(arrays["q"].shape)
+    if len(shape) != 4:
+        raise ValueError(f"q: must be shaped (B, H, n, d), got shape {shape}")
+    for name, a in arrays.items():
+        want = shape[:3] if name == "lse" else shape
+        if tuple(a.shape) != want:
+            raise ValueError(
+                f"{name}: shape {tuple(a.shape)} disagrees with q's {shape} (want {want})"
+            )
+    return shape  # type: ignore[return-value]
+
+
 class HostArrays:
     """Validated CPU inputs as C-contiguous NumPy arrays in the compute dtype.
 
@@ -109,15 +123,7 @@ class HostArrays:
             desc = ", ".join(f"{k} is a {v}" for k, v in kinds.items())
             raise ValueError(f"q, k, v: mix NumPy arrays and torch tensors ({desc})")
         q = arrays["q"]
-        shape = tuple(q.shape)
-        if len(shape) != 4:
-            raise ValueError(f"q: must be shaped (B, H, n, d), got shape {shape}")
-        for name, a in arrays.items():
-            want = shape[:3] if name == "lse" else shape
-            if tuple(a.shape) != want:
-                raise ValueError(
-                    f"{name}: shape {tuple(a.shape)} disagrees with q's {shape} (want {want})"
-                )
+        shape = check_shapes(arrays)
         nn = shape[2]
         if min(shape) < 1:
             raise ValueError(f"q: every dimension of (B, H, n, d) must be >= 1, got {shape}")
@@ -208,15 +214,8 @@ class DeviceArrays:
                 desc = ", ".join(f"{k} on {a.device}" for k, a in arrays.items())
                 raise ValueError(f"q, k, v: tensors on different devices ({desc})")
         q = arrays["q"]
-        shape = tuple(q.shape)
-        if len(shape) != 4:
-            raise ValueError(f"q: must be shaped (B, H, n, d), got shape {shape}")
+        shape = check_shapes(arrays)
         for name, a in arrays.items():
-            want = shape[:3] if name == "lse" else shape
-            if tuple(a.shape) != want:
-                raise ValueError(
-                    f"{name}: shape {tuple(a.shape)} disagrees with q's {shape} (want {want})"
-                )
             if name in ("k", "v", "o", "do") and a.dtype != q.dtype:
                 raise ValueError(f"{name}: dtype {a.dtype} disagrees with q's {q.dtype}")
         n, d = shape[2], shape[3]
