@@ -35,7 +35,7 @@ def check_same(pat, mode, p, residual):
     """The structured result equals the generic report field by field."""
     if mode == "interleaved" and p is not None and p > pat.num_heads:
         p = pat.num_heads
-    want = verify(pat, p=p, mode=mode, residual=residual, depth=True)
+    want = verify(pat, p=p, mode=mode, residual=residual, depth=True, method="generic")
     got = structured_hops(pat, p=p, mode=mode, residual=residual, depth=True)
     assert isinstance(got, StructuredResult)
     what = (pat.name, dict(pat.params), pat.n, mode, p, residual)

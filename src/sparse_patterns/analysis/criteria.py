@@ -12,7 +12,10 @@ target pair has a hop distance, the least ``k <= p`` with the pair in ``R_k``.
 numba kernels of :mod:`._numba`; :func:`explain` gives a shortest path or the
 reason none exists; :func:`hop_matrix` gives every pair's hop distance for
 small n. The report types live in :mod:`.report`, the block-level check in
-:mod:`.blocks`.
+:mod:`.blocks`. A generated strided, local, dilated or fixed pattern is
+decided instead by the exact structured check of :mod:`.structured` (offset
+sets or the period, no token CSR), which is what makes n = 2^20 cheap; the
+report's ``method`` says which one decided it.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from .._validate import check_bool, check_int
+from .._validate import check_bool, check_choice, check_int
 from ..pattern import MODES, BlockLayout, Pattern
 from . import _numba as K
 from ._common import (
@@ -45,10 +48,17 @@ from ._common import (
 from .blocks import verify_blocks
 from .budget import budgets
 from .report import Explanation, VerifyReport
+from .structured import StructuredResult, offsets_of, structured_hops
 
 __all__ = [
-    "MODES", "VerifyReport", "Explanation", "verify", "explain", "hop_matrix", "HOP_MATRIX_LIMIT",
+    "MODES", "METHODS", "VerifyReport", "Explanation", "verify", "explain", "hop_matrix",
+    "HOP_MATRIX_LIMIT", "EXPLAIN_LIMIT",
 ]
+
+#: Values of ``verify(..., method=)``.
+METHODS = ("auto", "generic", "structured")
+#: Largest n at which ``explain_failure`` builds the token CSR of a pattern that does not hold it.
+EXPLAIN_LIMIT = 65536
 
 #: Largest n for which :func:`hop_matrix` builds its dense (n, n) answer.
 HOP_MATRIX_LIMIT = 4096
@@ -141,6 +151,29 @@ def _depth(pat: Pattern, p: int, mode: str, residual: bool, parts, want: bool | 
     return int(per.max()), True
 
 
+def _structured(pat: Pattern, p: int, mode: str, residual: bool, depth: bool | None,
+                cheap_only: bool) -> StructuredResult | None:
+    """The structured check of a generated pattern of a covered family, else None.
+
+    With ``cheap_only`` a bidirectional offset pattern whose band of boundary
+    columns covers the sequence (``2 (p - 1) max|d| >= n``: strided, whose
+    stride head reaches across it) goes to the generic check instead.
+    """
+    if pat.rule is None:
+        return None
+    if cheap_only and not pat.causal:
+        try:
+            offs = offsets_of(pat)
+        except ValueError:
+            offs = None
+        if offs is not None:
+            used = offs[:p] if mode == "interleaved" else offs
+            reach = max((int(np.abs(d[np.abs(d) < pat.n]).max(initial=0)) for d in used), default=0)
+            if 2 * (p - 1) * reach >= pat.n:
+                return None
+    return structured_hops(pat, p=p, mode=mode, residual=residual, depth=depth)
+
+
 # ----------------------------------------------------------------------- verify
 def verify(
     pattern: Pattern | BlockLayout | Sequence[Any],
@@ -151,6 +184,7 @@ def verify(
     progress: Callable[[int, int], None] | None = None,
     depth: bool | None = None,
     explain_failure: bool = False,
+    method: str = "auto",
 ) -> VerifyReport:
     """Check the two factorization criteria exactly, for every target pair.
 
@@ -181,7 +215,17 @@ def verify(
         when it is cheap enough; False never, True always.
     explain_failure : bool
         At token level, attach to the report the :func:`explain` of its
-        counter-example (``report.explanation``), if it has one.
+        counter-example (``report.explanation``), if it has one and the
+        pattern holds its token CSR or ``n <= EXPLAIN_LIMIT`` (explaining
+        builds the CSR); else the explanation stays None.
+    method : {"auto", "generic", "structured"}
+        ``structured``: decide it exactly from the heads' structure (see
+        :mod:`sparse_patterns.analysis.structured`) without the token CSR;
+        applies to generated (``pattern.rule`` set) strided, local, dilated and
+        fixed patterns. ``generic``: check every row of the token CSR.
+        ``auto``: structured where it applies and is cheap (not bidirectional
+        offset heads reaching across the sequence), else generic. The report's
+        ``method`` says which decided it; both give the same report.
 
     Returns
     -------
@@ -191,7 +235,8 @@ def verify(
     ------
     ValueError
         An empty pattern, ``p < 1``, ``p`` above the number of heads in
-        interleaved mode, an unknown mode, heads of different n.
+        interleaved mode, an unknown mode, heads of different n, an unknown
+        method, ``method="structured"`` for a pattern it does not cover.
 
     See Also
     --------
@@ -223,9 +268,12 @@ def verify(
     >>> r.ok, r.hops, r.unreachable
     (True, {1: 70, 2: 66}, 0)
     >>> r = verify(make("local", 16, window=3), p=2, mode="merged")
-    >>> r.ok, r.counterexample, r.depth
-    (False, (7, 0), 5)
+    >>> r.ok, r.counterexample, r.depth, r.method
+    (False, (7, 0), 5, 'structured-offsets')
+    >>> verify(make("local", 16, window=3), p=2, mode="merged", method="generic").counterexample
+    (7, 0)
     """
+    method = check_choice("method", method, METHODS)
     if isinstance(pattern, BlockLayout):
         return verify_blocks(pattern, p=p, mode=mode, residual=residual)
     t0 = time.perf_counter()
@@ -235,6 +283,55 @@ def verify(
         depth = check_bool("depth", depth)
     explain_failure = check_bool("explain_failure", explain_failure)
     progress = _check_progress(progress)
+    res = None if method == "generic" else _structured(pat, p, mode, residual, depth,
+                                                        cheap_only=method == "auto")
+    if res is None and method == "structured":
+        raise ValueError(
+            f"method: 'structured' applies to generated strided, local, dilated and fixed "
+            f"patterns, got {pat.name!r}{'' if pat.rule is not None else ' built from CSR'}; "
+            "use method='generic' or 'auto'"
+        )
+    if res is not None:
+        report = _structured_report(pat, res, t0)
+        if progress is not None:
+            progress(1, 1)
+    else:
+        report = _generic_report(pat, p, mode, residual, progress, depth, t0)
+    if explain_failure and report.counterexample is not None and (
+        pat.materialized or pat.n <= EXPLAIN_LIMIT
+    ):
+        i, j = report.counterexample
+        report = replace(report, explanation=explain(pat, i, j, p=p, mode=mode, residual=residual))
+    return report
+
+
+def _structured_report(pat: Pattern, res: StructuredResult, t0: float) -> VerifyReport:
+    """The report of a structured check, with the budgets from the row counts (no CSR)."""
+    bud = tuple(budgets(pat, res.p))
+    if all(b.nnz == 0 for b in bud[:-1]):
+        raise ValueError("pattern: every head is empty (nnz = 0); nothing to verify")
+    return VerifyReport.from_counts(
+        res.hops_histogram, res.not_in_last, res.unreachable, res.counterexample1,
+        res.counterexample2,
+        p=res.p,
+        started=t0,
+        depth=res.depth,
+        depth_checked=res.depth_checked,
+        mode=res.mode,
+        residual=res.residual,
+        n=res.n,
+        causal=res.causal,
+        targets=res.targets,
+        budgets=bud,
+        name=pat.name,
+        params=dict(pat.params),
+        method=f"structured-{res.method}",
+    )
+
+
+def _generic_report(pat: Pattern, p: int, mode: str, residual: bool, progress, depth,
+                    t0: float) -> VerifyReport:
+    """The generic check of every row of the token CSR."""
     heads = pat.heads
     if sum(int(h.nnz) for h in heads) == 0:
         raise ValueError("pattern: every head is empty (nnz = 0); nothing to verify")
@@ -245,7 +342,7 @@ def verify(
     dep, checked = None, False
     if miss2:
         dep, checked = _depth(pat, p, mode, residual, parts, depth)
-    report = VerifyReport.from_counts(
+    return VerifyReport.from_counts(
         hops, miss1, miss2, bad1, bad2,
         p=p,
         started=t0,
@@ -259,11 +356,8 @@ def verify(
         budgets=tuple(budgets(pat, p, counts=rows)),
         name=pat.name,
         params=dict(pat.params),
+        method="generic",
     )
-    if explain_failure and report.counterexample is not None:
-        i, j = report.counterexample
-        report = replace(report, explanation=explain(pat, i, j, p=p, mode=mode, residual=residual))
-    return report
 
 
 def hop_matrix(

@@ -110,6 +110,10 @@ class VerifyReport:
     explanation : Explanation or None
         Why the counter-example fails (``verify(..., explain_failure=True)``
         at token level), else None.
+    method : {"generic", "structured-offsets", "structured-periodic"}
+        What decided it: the generic check of every row, or the exact
+        structured check of :mod:`.structured` (offset sets of
+        translation-invariant heads, or the period of fixed heads).
     """
 
     ok: bool
@@ -138,6 +142,7 @@ class VerifyReport:
     partial_pairs: int = 0
     seconds: float = 0.0
     explanation: Explanation | None = None
+    method: str = "generic"
 
     @classmethod
     def from_counts(
@@ -239,6 +244,13 @@ class VerifyReport:
         return _report_table(self)
 
 
+_METHOD_NOTES = {
+    "generic": "every target pair, row by row",
+    "structured-offsets": "exact, from the sumsets of the heads' offset sets",
+    "structured-periodic": "exact, one search per residue of the block length",
+}
+
+
 def _mark(ok: bool) -> str:
     return "[green]PASS[/]" if ok else "[red]FAIL[/]"
 
@@ -285,6 +297,7 @@ def _report_table(r: VerifyReport) -> Any:
             f"certified through full blocks alone: {'yes' if r.certified else 'no'}; "
             f"{r.partial_pairs:,} target block pairs rely on partial blocks"
         ))
+    out.append(Text(f"decided by: {r.method} ({_METHOD_NOTES.get(r.method, 'exact')})"))
     if r.depth_checked:
         dep = "never connects" if r.depth is None else f"{r.depth} step(s)"
         out.append(Text(f"full connectivity needs: {dep}"))
