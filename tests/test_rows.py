@@ -102,7 +102,7 @@ def test_the_guard_refuses_the_whole_csr_before_building_it():
         pat.heads  # noqa: B018
     msg = str(err.value)
     assert msg.startswith("heads: the token-level CSR of strided at n=4,096 needs")
-    assert "above the memory limit of 1000 B" in msg and "pattern.rows" in msg
+    assert "above the memory limit of 1.0 kB" in msg and "pattern.rows" in msg
     assert not pat.materialized
     with config.memory_limit(1000), pytest.raises(MemoryLimitError, match="^union: "):
         pat.union()
@@ -137,3 +137,108 @@ def test_bad_memory_limits(bad):
     with pytest.raises(ValueError, match="memory_limit: must be a positive number of bytes"):
         config.set_memory_limit(bad)
     assert config.get_memory_limit() == config.default_memory_limit()
+
+
+def _check_rule_rows(pat: Pattern, start: int, stop: int) -> None:
+    """The rule's rows and counts against the materialized heads of a fresh pattern."""
+    whole = make(pat.name, pat.n, **pat.params)
+    mats = pat.rule.rows(start, stop)
+    assert len(mats) == pat.num_heads
+    for m, h in zip(mats, whole.heads, strict=True):
+        assert m.shape == (stop - start, pat.n) and m.dtype == np.bool_
+        assert m.has_canonical_format and m.indices.dtype in (np.int32, np.int64)
+        _same(m, h[start:stop])
+
+
+EDGES = [
+    ("strided", 5, {"stride": 8}),  # n < stride
+    ("strided", 1, {"stride": 3}),
+    ("strided", 23, {"stride": 1, "window": "reference"}),
+    ("fixed", 5, {"stride": 8, "c": 3, "summary_heads": 2}),  # n < l
+    ("fixed", 23, {"stride": 6, "c": 2, "summary_heads": 3}),  # n not a multiple of l, k c = l
+    ("fixed", 17, {"stride": 4, "c": 4}),
+    ("local", 9, {"window": 0}),
+    ("local", 6, {"window": 20}),
+    ("dilated", 20, {"window": 4, "dilation": 7}),
+    ("longformer", 11, {"window": 3, "global_tokens": 11, "dilation": 3}),
+    ("longformer", 11, {"window": 0, "global_tokens": 0}),
+    ("factorized", 30, {"p": 1}),
+    ("factorized", 30, {"p": 64}),  # steps l^(m-1) far beyond n
+    ("axial2d", 24, {"height": 3, "width": 8}),
+    ("axial2d", 7, {"height": 7, "width": 1}),
+    ("local2d", 24, {"height": 4, "width": 6, "query_block": 3, "memory": 2}),
+    ("local2d", 15, {"height": 3, "width": 5, "query_block": 8, "memory": 0}),
+    ("bigbird", 23, {"block": 5, "window_blocks": 0, "global_blocks": 0, "random_blocks": 0}),
+    ("bigbird", 23, {"block": 5, "window_blocks": 1, "global_blocks": 9, "random_blocks": 3}),
+    ("bigbird", 37, {"block": 3, "window_blocks": 2, "global_blocks": 1, "random_blocks": 2,
+                     "seed": 7}),
+    ("bigbird", 3, {"block": 8}),  # one partial block
+    ("full", 1, {}),
+]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize(("name", "n", "params"), EDGES, ids=lambda x: str(x))
+def test_rule_rows_and_counts_on_edge_cases(name, n, params, causal):
+    pat = make(name, n, **params, causal=causal)
+    assert pat.rule.rows is not None and pat.rule.counts is not None
+    spans = {(0, n), (0, 0), (n, n), (n - 1, n), (0, 1), (n // 2, n // 2), (n // 3, n // 2 + 1)}
+    for start, stop in sorted(spans):
+        _check_rule_rows(pat, start, stop)
+    whole = make(name, n, **params, causal=causal)
+    counts = pat.rule.counts()
+    assert counts.dtype == np.int64 and counts.shape == (pat.num_heads, n)
+    np.testing.assert_array_equal(counts, np.stack([np.diff(h.indptr) for h in whole.heads]))
+    np.testing.assert_array_equal(
+        pat.row_counts(), np.stack([*counts, np.diff(whole.union().indptr)])
+    )
+    assert not pat.materialized
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("block", [1, 4, 5])
+def test_bigbird_rows_equal_the_expansion_of_its_block_layout(block, causal):
+    pat = make("bigbird", 47, block=block, window_blocks=1, global_blocks=2, random_blocks=2,
+               seed=3, causal=causal)
+    expanded = pat.to_blocks(block).to_pattern(causal=causal)
+    for m, h in zip(pat.rule.rows(0, 47), expanded.heads, strict=True):
+        _same(m, h)
+
+
+@pytest.mark.parametrize(("name", "params"), [
+    ("strided", {"stride": 1 << 20}),
+    ("strided", {"stride": 7, "window": "reference"}),
+    ("fixed", {"stride": 1 << 20, "c": 3, "summary_heads": 2}),
+    ("fixed", {"stride": 6, "c": 2}),
+    ("local", {"window": 5}),
+    ("dilated", {"window": 4, "dilation": 3}),
+    ("longformer", {"window": 3, "global_tokens": 4, "dilation": 2}),
+    ("full", {}),
+])
+def test_rows_of_the_largest_causal_pattern_cost_only_their_entries(name, params):
+    # at the largest n (2^31 - 1) a pass over every row, or an int64 (n,) array (16 GB),
+    # would not fit; the first rows of these causal families do not depend on n
+    big = 2**31 - 1
+    huge, small = make(name, big, **params), make(name, 60, **params)
+    for start, stop in [(0, 60), (17, 18), (31, 31), (40, 57)]:
+        for k, (a, b) in enumerate(zip(huge.rule.rows(start, stop), small.heads, strict=True)):
+            assert a.shape == (stop - start, big) and a.has_canonical_format
+            np.testing.assert_array_equal(a.indptr, b[start:stop].indptr, err_msg=f"head {k}")
+            np.testing.assert_array_equal(a.indices, b[start:stop].indices, err_msg=f"head {k}")
+        _same(huge.rows(start, stop)[:, :60], small.union()[start:stop])
+    assert not huge.materialized
+
+
+def test_strided_rows_at_large_n_follow_the_definition():
+    n, l = 1 << 18, 512
+    pat = make("strided", n, stride=l)
+    a1, a2 = pat.rule.rows(n - 700, n - 600)
+    for r, i in enumerate(range(n - 700, n - 600)):
+        np.testing.assert_array_equal(a1[r].indices, np.arange(i - l, i + 1))
+        np.testing.assert_array_equal(a2[r].indices, np.arange(i % l, i + 1, l))
+    counts = pat.rule.counts()
+    i = np.arange(n)
+    np.testing.assert_array_equal(counts[0], np.minimum(i, l) + 1)
+    np.testing.assert_array_equal(counts[1], i // l + 1)
+    assert pat.head_nnz == (int(counts[0].sum()), int(counts[1].sum()))
+    assert not pat.materialized

@@ -1,16 +1,33 @@
 """Vectorized CSR builders shared by the generators (no dense n x n array anywhere).
 
 Every generator describes a head row by row as an arithmetic progression of
-columns, a prefix of a sorted column set, or a union of those; these helpers turn
-such descriptions into canonical boolean CSR (sorted, unique column indices).
+columns, a prefix of a sorted column set, a union of column blocks, or a 2D
+window; these helpers turn such descriptions of the rows ``start .. stop-1``
+into canonical boolean CSR (sorted, unique column indices) of shape
+``(stop - start, n)``, at a cost of O(nnz of those rows). A family whose rows are
+progressions hands :func:`progression_rule` one function of the row indices, and
+gets its row builder, its closed-form ``|A_i|`` and its whole CSR (``rows(0, n)``,
+one code path) in one :class:`~sparse_patterns.pattern.PatternRule`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Iterable
+
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["progression_csr", "prefix_csr", "local2d_csr", "from_row_lists", "union_csr", "csr"]
+from ..pattern import BlockLayout, PatternRule
+
+__all__ = [
+    "csr", "progression_csr", "prefix_csr", "blocks_csr", "block_row_counts", "local2d_csr",
+    "local2d_counts", "from_row_lists", "union_csr", "tril_counts", "progression_rule",
+    "Progression", "with_union",
+]
+
+#: One head's rows as progressions: ``(first column, count, step)`` per row (step may be an int).
+Progression = tuple[np.ndarray, np.ndarray, "int | np.ndarray"]
 
 
 def _index_dtype(n: int, nnz: int) -> type:
@@ -18,11 +35,11 @@ def _index_dtype(n: int, nnz: int) -> type:
 
 
 def csr(n: int, indptr: np.ndarray, indices: np.ndarray) -> sp.csr_matrix:
-    """Wrap canonical CSR arrays (sorted unique columns per row) as a bool matrix."""
+    """Wrap canonical CSR arrays (sorted unique columns per row) as a bool ``(rows, n)`` matrix."""
     dt = _index_dtype(n, int(indptr[-1]))
     m = sp.csr_matrix(
         (np.ones(indices.size, dtype=bool), indices.astype(dt, copy=False), indptr.astype(dt)),
-        shape=(n, n),
+        shape=(indptr.size - 1, n),
     )
     m.has_canonical_format = True  # the builders emit sorted unique columns
     return m
@@ -38,7 +55,7 @@ _KERNELS: dict = {}
 
 
 def _kernels() -> dict:
-    """Compile (once, cached on disk) the two fill loops; numba is imported lazily."""
+    """Compile (once, cached on disk) the fill loops; numba is imported lazily."""
     if not _KERNELS:
         from numba import njit  # noqa: PLC0415
 
@@ -59,68 +76,172 @@ def _kernels() -> dict:
                     out[base + k] = cols[k]
 
         @njit(cache=True, nogil=True)
-        def fill_local2d(h, w, q, m, causal, indptr, out):  # pragma: no cover - numba
-            # two passes: with out.size == 0 only count (into indptr[1:]), else fill
-            n = h * w
-            for i in range(n):
-                r, c = i // w, i % w
-                r0, c0 = (r // q) * q, (c // q) * q
+        def fill_blocks(n, block, bptr, bidx, first, causal, indptr, out):  # pragma: no cover
+            # row r is token i = first + r; its columns: the blocks of block row i // block
+            for r in range(indptr.size - 1):
+                i = first + r
+                bi = i // block
+                k = indptr[r]
+                for t in range(bptr[bi], bptr[bi + 1]):
+                    j0 = bidx[t] * block
+                    j1 = min(n, j0 + block)
+                    if causal:
+                        j1 = min(j1, i + 1)
+                    for j in range(j0, j1):
+                        out[k] = j
+                        k += 1
+
+        @njit(cache=True, nogil=True)
+        def fill_local2d(h, w, q, m, causal, first, indptr, out):  # pragma: no cover - numba
+            # row r is raster position i = first + r; indptr is known (local2d_counts)
+            for r in range(indptr.size - 1):
+                i = first + r
+                row, col = i // w, i % w
+                r0, c0 = (row // q) * q, (col // q) * q
                 r_end = min(h, r0 + q + (0 if causal else m))
-                k = 0
+                k = indptr[r]
                 for rr in range(max(0, r0 - m), r_end):
                     for cc in range(max(0, c0 - m), min(w, c0 + q + m)):
                         j = rr * w + cc
                         if causal and j > i:
                             break
-                        if out.size:
-                            out[indptr[i] + k] = j
+                        out[k] = j
                         k += 1
-                if not out.size:
-                    indptr[i + 1] = k
 
         _KERNELS["local2d"] = fill_local2d
         _KERNELS["progression"] = fill_progression
         _KERNELS["prefix"] = fill_prefix
+        _KERNELS["blocks"] = fill_blocks
     return _KERNELS
 
 
 def progression_csr(
     n: int, start: np.ndarray, count: np.ndarray, step: int | np.ndarray = 1
 ) -> sp.csr_matrix:
-    """Row ``i`` holds columns ``start[i] + step * k`` for ``k in range(count[i])``.
+    """Row ``r`` holds columns ``start[r] + step * k`` for ``k in range(count[r])``.
 
-    ``step`` must be positive so columns come out sorted.
+    One row per entry of ``start``: the result is ``(start.size, n)``. ``step``
+    must be positive so columns come out sorted.
     """
     start = np.ascontiguousarray(start, dtype=np.int64)
-    count = np.maximum(np.asarray(count, dtype=np.int64), 0)
+    count = np.maximum(np.broadcast_to(np.asarray(count, dtype=np.int64), start.shape), 0)
     indptr = _offsets(count)
     step_arr = np.atleast_1d(np.asarray(step, dtype=np.int64))
     out = np.empty(int(indptr[-1]), dtype=_index_dtype(n, int(indptr[-1])))
-    _kernels()["progression"](start, count, step_arr, indptr, out)
+    _kernels()["progression"](start, np.ascontiguousarray(count), step_arr, indptr, out)
     return csr(n, indptr, out)
 
 
 def prefix_csr(n: int, cols: np.ndarray, count: np.ndarray) -> sp.csr_matrix:
-    """Row ``i`` holds ``cols[:count[i]]`` (``cols`` sorted and unique)."""
+    """Row ``r`` holds ``cols[:count[r]]`` (``cols`` sorted and unique): ``(count.size, n)``."""
     cols = np.ascontiguousarray(cols, dtype=np.int64)
-    count = np.asarray(count, dtype=np.int64)
+    count = np.ascontiguousarray(count, dtype=np.int64)
     indptr = _offsets(count)
     out = np.empty(int(indptr[-1]), dtype=_index_dtype(n, int(indptr[-1])))
     _kernels()["prefix"](cols, count, indptr, out)
     return csr(n, indptr, out)
 
 
-def local2d_csr(h: int, w: int, q: int, m: int, causal: bool) -> sp.csr_matrix:
-    """The Image Transformer's 2D local pattern on an ``h x w`` raster (see ``local2d``)."""
-    n = h * w
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    fill = _kernels()["local2d"]
-    fill(h, w, q, m, causal, indptr, np.empty(0, dtype=np.int64))
-    np.cumsum(indptr, out=indptr)
+def block_row_counts(
+    n: int, block: int, bptr: np.ndarray, bidx: np.ndarray, i: np.ndarray, causal: bool
+) -> np.ndarray:
+    """``|A_i|`` of the token rows ``i`` of a block-level CSR ``(bptr, bidx)`` (sorted blocks).
+
+    A block row ``I`` holding column blocks ``J`` expands to the token rows of
+    ``I`` holding the tokens of every ``J`` (cropped to ``n``; causal keeps
+    ``j <= i``, so a causal layout must have ``J <= I``).
+    """
+    nb = bptr.size - 1
+    size = np.minimum(block, n - np.arange(nb, dtype=np.int64) * block)  # tokens per block
+    csum = _offsets(size[bidx])
+    per_row = csum[bptr[1:]] - csum[bptr[:-1]]  # tokens of every block row, uncut
+    bi = i // block
+    if not causal:
+        return per_row[bi]
+    # causal: blocks J < I are whole, the diagonal block is cut at i
+    nonempty = np.diff(bptr) > 0
+    last = np.full(nb, -1, dtype=np.int64)  # the largest J of every block row
+    last[nonempty] = bidx[bptr[1:][nonempty] - 1]
+    diag = last == np.arange(nb)
+    below = per_row - np.where(diag, size, 0)
+    return below[bi] + np.where(diag[bi], i - bi * block + 1, 0)
+
+
+def blocks_csr(
+    n: int, block: int, bptr: np.ndarray, bidx: np.ndarray, start: int, stop: int, causal: bool
+) -> sp.csr_matrix:
+    """Token rows ``start .. stop-1`` of a block-level CSR ``(bptr, bidx)``: ``(stop - start, n)``.
+
+    See :func:`block_row_counts` for the expansion.
+    """
+    bptr = np.ascontiguousarray(bptr, dtype=np.int64)
+    bidx = np.ascontiguousarray(bidx, dtype=np.int64)
+    i = np.arange(start, stop, dtype=np.int64)
+    indptr = _offsets(block_row_counts(n, block, bptr, bidx, i, causal))
     out = np.empty(int(indptr[-1]), dtype=_index_dtype(n, int(indptr[-1])))
-    if out.size:
-        fill(h, w, q, m, causal, indptr, out)
+    _kernels()["blocks"](n, block, bptr, bidx, start, causal, indptr, out)
     return csr(n, indptr, out)
+
+
+def local2d_counts(h: int, w: int, q: int, m: int, causal: bool, i: np.ndarray) -> np.ndarray:
+    """``|A_i|`` of the 2D local pattern (see :func:`local2d_csr`) for the positions ``i``."""
+    r, c = i // w, i % w
+    r0, c0 = (r // q) * q, (c // q) * q
+    rlo, clo = np.maximum(0, r0 - m), np.maximum(0, c0 - m)
+    width = np.minimum(w, c0 + q + m) - clo
+    if causal:  # whole rows above i, then the columns of i's row up to c
+        return (r - rlo) * width + (c - clo + 1)
+    return (np.minimum(h, r0 + q + m) - rlo) * width
+
+
+def local2d_csr(
+    h: int, w: int, q: int, m: int, causal: bool, start: int = 0, stop: int | None = None
+) -> sp.csr_matrix:
+    """Rows ``start .. stop-1`` of the Image Transformer's 2D local pattern (see ``local2d``)."""
+    n = h * w
+    stop = n if stop is None else stop
+    i = np.arange(start, stop, dtype=np.int64)
+    indptr = _offsets(local2d_counts(h, w, q, m, causal, i))
+    out = np.empty(int(indptr[-1]), dtype=_index_dtype(n, int(indptr[-1])))
+    _kernels()["local2d"](h, w, q, m, causal, start, indptr, out)
+    return csr(n, indptr, out)
+
+
+def progression_rule(
+    n: int,
+    num_heads: int,
+    spec: Callable[[np.ndarray], Iterable[Progression]],
+    blocks: Callable[[int], BlockLayout] | None = None,
+) -> PatternRule:
+    """A rule whose heads are progressions: ``spec(i)`` gives ``(start, count, step)`` per head.
+
+    ``spec`` takes the int64 row indices ``i`` and yields one progression per
+    head for those rows (a generator, so that one head's temporaries are freed
+    before the next head's are made); ``rows(start, stop)`` calls it on ``start .. stop-1``
+    only, ``counts()`` reads the counts at every ``i`` (O(n) memory), and
+    ``build()`` is ``rows(0, n)``.
+    """
+
+    def rows(start: int, stop: int) -> list[sp.csr_matrix]:
+        i = np.arange(start, stop, dtype=np.int64)
+        return [progression_csr(n, s, c, st) for s, c, st in spec(i)]
+
+    def counts() -> np.ndarray:
+        i = np.arange(n, dtype=np.int64)
+        return np.stack([np.maximum(np.broadcast_to(c, i.shape), 0) for _, c, _ in spec(i)])
+
+    return PatternRule(num_heads, lambda: rows(0, n), blocks, rows, counts)
+
+
+def with_union(rule: PatternRule, union_counts: Callable[[], np.ndarray]) -> PatternRule:
+    """``rule`` with ``union_counts() -> int64 (n,)``, ``|S_i|`` of the union in closed form.
+
+    Passed on where :class:`~sparse_patterns.pattern.PatternRule` takes a
+    ``union_counts`` field; without one the union's counts are streamed.
+    """
+    if "union_counts" in {f.name for f in dataclasses.fields(PatternRule)}:
+        return dataclasses.replace(rule, union_counts=union_counts)
+    return rule
 
 
 def from_row_lists(n: int, rows: list[np.ndarray]) -> sp.csr_matrix:
@@ -142,6 +263,7 @@ def union_csr(*mats: sp.csr_matrix) -> sp.csr_matrix:
     return u
 
 
-def tril_counts(cols: np.ndarray, n: int) -> np.ndarray:
-    """For each row i, how many of the sorted ``cols`` are <= i."""
-    return np.searchsorted(cols, np.arange(n, dtype=np.int64), side="right")
+def tril_counts(cols: np.ndarray, i: int | np.ndarray) -> np.ndarray:
+    """For each row ``i`` (an array, or ``range(n)`` for an int), how many sorted ``cols`` are ``<= i``."""
+    rows = np.arange(i, dtype=np.int64) if np.ndim(i) == 0 else np.asarray(i, dtype=np.int64)
+    return np.searchsorted(cols, rows, side="right")

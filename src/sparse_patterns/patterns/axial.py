@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import check_bool, check_int
-from ..pattern import Pattern, PatternRule
-from ._build import progression_csr
+from ..pattern import Pattern
+from ._build import progression_rule, with_union
 from ._flex import Rule, causal_rule
 from .local import raster
 from .registry import Param, register
@@ -63,14 +63,19 @@ def axial2d(
     h, w = raster(n, height, width)
     causal = check_bool("causal", causal)
 
-    def build():
-        i = np.arange(n, dtype=np.int64)
+    def spec(i: np.ndarray):
         rs = (i // w) * w
-        row = progression_csr(n, rs, (i - rs + 1) if causal else np.full(n, w))
-        col = progression_csr(n, i % w, (i // w + 1) if causal else np.full(n, h), w)
-        return [row, col]
+        yield rs, (i - rs + 1) if causal else np.full_like(i, w), 1
+        del rs
+        yield i % w, (i // w + 1) if causal else np.full_like(i, h), w
+
+    def union_counts() -> np.ndarray:  # row and column meet in i only
+        i = np.arange(n, dtype=np.int64)
+        if causal:
+            return (i % w + 1) + (i // w + 1) - 1
+        return np.full(n, w + h - 1, dtype=np.int64)
 
     return Pattern.from_rule(
-        PatternRule(2, build), n, name="axial2d", params={"height": h, "width": w, "causal": causal},
+        with_union(progression_rule(n, 2, spec), union_counts), n, name="axial2d", params={"height": h, "width": w, "causal": causal},
         causal=causal, head_names=("row", "col"),
     )

@@ -6,32 +6,53 @@ import numpy as np
 
 from .._validate import check_bool, check_int
 from ..pattern import BlockLayout, Pattern, PatternRule
+from ._build import block_row_counts, blocks_csr
 from ._flex import Rule, causal_rule
 from .registry import Param, register
 
 __all__ = ["bigbird"]
 
 
-def _bigbird_layouts(
+def _bigbird_blocks(
     nb: int, window_blocks: int, global_blocks: int, random_blocks: int, seed: int, causal: bool
-) -> np.ndarray:
-    """bool (3, nb, nb): window, global, random block heads."""
-    I = np.arange(nb)[:, None]
-    J = np.arange(nb)[None, :]
-    win = np.abs(I - J) <= window_blocks
-    glob = (I < global_blocks) | (J < global_blocks)
-    if causal:
-        win &= J <= I
-        glob &= J <= I
-    rnd = np.zeros((nb, nb), dtype=bool)
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The window, global and random block heads as block-level CSR ``(bptr, bidx)``.
+
+    Each is ``int64 (nb + 1,)`` and sorted ``int64`` column blocks: O(nb) memory
+    besides the entries, never ``(nb, nb)``; the random blocks are drawn block row
+    by block row with ``numpy.random.default_rng(seed)``.
+    """
+    I = np.arange(nb, dtype=np.int64)
+    # window: [I - wb, I + wb] (to I if causal), a progression per block row
+    wlo = np.maximum(0, I - window_blocks)
+    whi = I if causal else np.minimum(nb - 1, I + window_blocks)
+    win = _ranges(wlo, whi - wlo + 1)
+    # global: every block in the first gb block rows (to I if causal), else blocks [0, gb)
+    g = min(global_blocks, nb)
+    ghi = np.where(I < g, I if causal else nb - 1, g - 1)
+    glob = _ranges(np.zeros(nb, dtype=np.int64), ghi + 1)
     rng = np.random.default_rng(seed)
-    taken = win | glob
+    rows = []
     for r in range(nb):
-        allowed = np.flatnonzero(~taken[r] & ((np.arange(nb) <= r) if causal else True))
+        taken = (np.abs(I - r) <= window_blocks) | (r < global_blocks) | (I < global_blocks)
+        if causal:
+            taken |= I > r
+        allowed = np.flatnonzero(~taken)
         k = min(random_blocks, allowed.size)
-        if k:
-            rnd[r, rng.choice(allowed, size=k, replace=False)] = True
-    return np.stack([win, glob, rnd])
+        rows.append(np.sort(rng.choice(allowed, size=k, replace=False)) if k else allowed[:0])
+    bptr = np.zeros(nb + 1, dtype=np.int64)
+    np.cumsum([r.size for r in rows], out=bptr[1:])
+    bidx = np.concatenate(rows).astype(np.int64) if nb else np.empty(0, dtype=np.int64)
+    return [win, glob, (bptr, bidx)]
+
+
+def _ranges(first: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Block-level CSR whose row ``I`` holds ``first[I] .. first[I] + count[I] - 1``."""
+    count = np.maximum(count, 0)
+    bptr = np.zeros(first.size + 1, dtype=np.int64)
+    np.cumsum(count, out=bptr[1:])
+    bidx = np.arange(int(bptr[-1]), dtype=np.int64) - np.repeat(bptr[:-1] - first, count)
+    return bptr, bidx
 
 
 def _bigbird_flex(pattern: Pattern) -> list[Rule]:
@@ -117,11 +138,28 @@ def bigbird(
     }
     nb = -(-n // block)
 
+    cache: dict = {}
+
+    def heads_blocks() -> list[tuple[np.ndarray, np.ndarray]]:  # drawn once, O(nb) memory
+        if "b" not in cache:
+            cache["b"] = _bigbird_blocks(nb, wb, gb, rb, seed, causal)
+        return cache["b"]
+
     def layout() -> BlockLayout:
-        return BlockLayout(_bigbird_layouts(nb, wb, gb, rb, seed, causal), block=block, n=n)
+        lay = np.zeros((3, nb, nb), dtype=bool)
+        for h, (bptr, bidx) in enumerate(heads_blocks()):
+            lay[h, np.repeat(np.arange(nb), np.diff(bptr)), bidx] = True
+        return BlockLayout(lay, block=block, n=n)
+
+    def rows(start: int, stop: int) -> list:
+        return [blocks_csr(n, block, bp, bi, start, stop, causal) for bp, bi in heads_blocks()]
+
+    def counts() -> np.ndarray:
+        i = np.arange(n, dtype=np.int64)
+        return np.stack([block_row_counts(n, block, bp, bi, i, causal) for bp, bi in heads_blocks()])
 
     def build():
-        return list(layout().to_pattern(causal=causal).heads)
+        return rows(0, n)
 
     def blocks(b: int):
         if b != block:
@@ -136,6 +174,6 @@ def bigbird(
         return BlockLayout(lay, block=block, n=n, full=full)
 
     return Pattern.from_rule(
-        PatternRule(3, build, blocks), n, name="bigbird", params=params, causal=causal,
+        PatternRule(3, build, blocks, rows, counts), n, name="bigbird", params=params, causal=causal,
         head_names=("window", "global", "random"),
     )

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import check_bool, check_int
-from ..pattern import Pattern, PatternRule
-from ._build import progression_csr
+from ..pattern import Pattern
+from ._build import progression_rule
 from ._flex import Rule, band
 from .registry import Param, register, root_of
 
@@ -72,17 +72,14 @@ def factorized(n: int, p: int = 2, causal: bool = True) -> Pattern:
     causal = check_bool("causal", causal)
     l = root_of(n, p)
 
-    def build():
-        i = np.arange(n, dtype=np.int64)
-        heads = []
+    def spec(i: np.ndarray):
         for m in range(1, p + 1):
-            step = l ** (m - 1)
+            step = min(l ** (m - 1), n)  # a step >= n gives the same rows (just i); int64-safe
             back = np.minimum(l - 1, i // step)
-            fwd = np.zeros(n, dtype=np.int64) if causal else np.minimum(l - 1, (n - 1 - i) // step)
-            heads.append(progression_csr(n, i - back * step, back + fwd + 1, step))
-        return heads
+            fwd = np.zeros_like(i) if causal else np.minimum(l - 1, (n - 1 - i) // step)
+            yield i - back * step, back + fwd + 1, step
 
     return Pattern.from_rule(
-        PatternRule(p, build), n, name="factorized", params={"p": p, "causal": causal},
+        progression_rule(n, p, spec), n, name="factorized", params={"p": p, "causal": causal},
         causal=causal,
     )

@@ -14,7 +14,7 @@ import numpy as np
 from .._validate import check_bool, check_int
 from ..pattern import Pattern, PatternRule
 from ._blocks import block_bounds, layout_of
-from ._build import prefix_csr, progression_csr, tril_counts
+from ._build import prefix_csr, progression_csr, with_union
 from ._flex import Rule, causal_rule
 from .registry import Param, register
 
@@ -137,19 +137,35 @@ def fixed(
     ranges = [(stride - (h + 1) * c, stride - h * c) for h in range(k)]
     names = ("A1", "A2") if k == 1 else ("A1", *(f"A2.{h}" for h in range(k)))
 
-    def build():
-        i = np.arange(n, dtype=np.int64)
+    def a1(i: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         s = (i // stride) * stride
-        if causal:
-            a1 = progression_csr(n, s, i - s + 1)
-        else:
-            a1 = progression_csr(n, s, np.minimum(s + stride, n) - s)
-        heads = [a1]
+        return s, (i - s + 1) if causal else (np.minimum(s + stride, n) - s)
+
+    def summary_counts(i: np.ndarray, lo: int, hi: int) -> np.ndarray:
+        # j <= i with j mod l in [lo, hi): (i // l) whole blocks, then residues lo .. i mod l
+        t = i if causal else np.full_like(i, n - 1)
+        return (t // stride) * (hi - lo) + np.clip(t % stride - lo + 1, 0, hi - lo)
+
+    def rows(start: int, stop: int) -> list:
+        i = np.arange(start, stop, dtype=np.int64)
+        heads = [progression_csr(n, *a1(i))]
+        # causal rows read the summary columns <= stop - 1 only (a prefix of the last row)
+        top = stop if causal else n
         for lo, hi in ranges:
-            cols = summary_columns(n, stride, lo, hi)
-            cnt = tril_counts(cols, n) if causal else np.full(n, cols.size, dtype=np.int64)
-            heads.append(prefix_csr(n, cols, cnt))
+            heads.append(prefix_csr(n, summary_columns(top, stride, lo, hi), summary_counts(i, lo, hi)))
         return heads
+
+    def counts() -> np.ndarray:
+        i = np.arange(n, dtype=np.int64)
+        return np.stack([a1(i)[1], *(summary_counts(i, lo, hi) for lo, hi in ranges)])
+
+    def union_counts() -> np.ndarray:
+        # |A1| + |summaries| - the summary columns of i's own block that A1 holds;
+        # the k summary ranges partition [l - k c, l)
+        i = np.arange(n, dtype=np.int64)
+        c1 = a1(i)[1]
+        lo = stride - k * c
+        return c1 + summary_counts(i, lo, stride) - np.clip(c1 - lo, 0, k * c)
 
     def blocks(block: int):
         hs = [_chunk_blocks(n, block, stride, causal)]
@@ -157,5 +173,6 @@ def fixed(
         return layout_of(n, block, hs)
 
     return Pattern.from_rule(
-        PatternRule(k + 1, build, blocks), n, name="fixed", params=params, causal=causal, head_names=names,
+        with_union(PatternRule(k + 1, lambda: rows(0, n), blocks, rows, counts), union_counts),
+        n, name="fixed", params=params, causal=causal, head_names=names,
     )

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import check_bool, check_int
-from ..pattern import Pattern, PatternRule
+from ..pattern import Pattern
 from ._blocks import distance_band, layout_of
-from ._build import progression_csr
+from ._build import progression_rule
 from ._flex import Rule, causal_rule, every
 from .registry import Param, register
 
@@ -49,14 +49,12 @@ def full(n: int, causal: bool = True) -> Pattern:
     n = check_int("n", n, 1)
     causal = check_bool("causal", causal)
 
-    def build():
-        i = np.arange(n, dtype=np.int64)
-        cnt = i + 1 if causal else np.full(n, n, dtype=np.int64)
-        return [progression_csr(n, np.zeros(n, dtype=np.int64), cnt)]
+    def spec(i: np.ndarray):
+        yield np.zeros_like(i), i + 1 if causal else np.full_like(i, n), 1
 
     def blocks(block: int):
         return layout_of(n, block, [distance_band(n, block, 0 if causal else -n, n)])
 
     return Pattern.from_rule(
-        PatternRule(1, build, blocks), n, name="full", params={"causal": causal}, causal=causal, head_names=("A",),
+        progression_rule(n, 1, spec, blocks), n, name="full", params={"causal": causal}, causal=causal, head_names=("A",),
     )

@@ -8,11 +8,11 @@ import numpy as np
 from .._validate import check_bool, check_int
 from ..pattern import Pattern, PatternRule
 from ._blocks import distance_band, layout_of
-from ._build import local2d_csr, progression_csr
+from ._build import Progression, local2d_counts, local2d_csr, progression_rule
 from ._flex import Rule, dilated_band
 from .registry import Param, register
 
-__all__ = ["local", "dilated", "local2d", "raster"]
+__all__ = ["local", "dilated", "local2d", "raster", "dilated_rows"]
 
 
 def _local_flex(pattern: Pattern) -> list[Rule]:
@@ -96,6 +96,20 @@ def dilated(n: int, window: int, dilation: int, causal: bool = True) -> Pattern:
     return _dilated(n, window, dilation, causal, "dilated")
 
 
+def dilated_rows(n: int, window: int, d: int, causal: bool, i: np.ndarray) -> Progression:
+    """Rows ``i`` of the dilated window as a progression ``(first column, count, step)``.
+
+    Examples
+    --------
+    >>> first, count, step = dilated_rows(10, 2, 3, True, np.array([1, 9]))
+    >>> first.tolist(), count.tolist(), step
+    ([1, 3], [1, 3], 3)
+    """
+    back = np.minimum(window, i // d)
+    fwd = np.zeros_like(i) if causal else np.minimum(window, (n - 1 - i) // d)
+    return i - back * d, back + fwd + 1, d
+
+
 def _dilated(n: int, window: int, dilation: int, causal: bool, _name: str) -> Pattern:
     n = check_int("n", n, 1)
     window = check_int("window", window, 0)
@@ -105,11 +119,8 @@ def _dilated(n: int, window: int, dilation: int, causal: bool, _name: str) -> Pa
     if _name == "dilated":
         params = {"window": window, "dilation": d, "causal": causal}
 
-    def build():
-        i = np.arange(n, dtype=np.int64)
-        back = np.minimum(window, i // d)
-        fwd = np.zeros(n, dtype=np.int64) if causal else np.minimum(window, (n - 1 - i) // d)
-        return [progression_csr(n, i - back * d, back + fwd + 1, d)]
+    def spec(i: np.ndarray):
+        yield dilated_rows(n, window, d, causal, i)
 
     blocks = None
     if d == 1:
@@ -117,7 +128,7 @@ def _dilated(n: int, window: int, dilation: int, causal: bool, _name: str) -> Pa
             return layout_of(n, block, [distance_band(n, block, 0 if causal else -window, window)])
 
     return Pattern.from_rule(
-        PatternRule(1, build, blocks), n, name=_name, params=params, causal=causal, head_names=("A",),
+        progression_rule(n, 1, spec, blocks), n, name=_name, params=params, causal=causal, head_names=("A",),
     )
 
 
@@ -200,9 +211,12 @@ def local2d(
     causal = check_bool("causal", causal)
     params = {"height": h, "width": w, "query_block": q, "memory": m, "causal": causal}
 
-    def build():
-        return [local2d_csr(h, w, q, m, causal)]
+    def rows(start: int, stop: int) -> list:
+        return [local2d_csr(h, w, q, m, causal, start, stop)]
+
+    def counts() -> np.ndarray:
+        return local2d_counts(h, w, q, m, causal, np.arange(n, dtype=np.int64))[None]
 
     return Pattern.from_rule(
-        PatternRule(1, build), n, name="local2d", params=params, causal=causal, head_names=("A",),
+        PatternRule(1, lambda: rows(0, n), None, rows, counts), n, name="local2d", params=params, causal=causal, head_names=("A",),
     )

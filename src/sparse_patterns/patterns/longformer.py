@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import check_bool, check_int
-from ..pattern import Pattern, PatternRule
-from ._build import progression_csr
+from ..pattern import Pattern
+from ._build import progression_rule
 from ._flex import Rule, causal_rule, dilated_band
-from .local import dilated
+from .local import dilated_rows
 from .registry import Param, register
 
 __all__ = ["longformer"]
@@ -77,19 +77,16 @@ def longformer(
     d = check_int("dilation", dilation, 1)
     causal = check_bool("causal", causal)
     params = {"window": window, "global_tokens": g, "dilation": d, "causal": causal}
-    win = dilated(n, window, d, causal)
 
-    def build():
-        i = np.arange(n, dtype=np.int64)
+    def spec(i: np.ndarray):
+        yield dilated_rows(n, window, d, causal, i)
         if causal:
-            cnt = np.where(i < g, i + 1, min(g, n))
-            cnt = np.minimum(cnt, i + 1)
+            cnt = np.minimum(np.where(i < g, i + 1, min(g, n)), i + 1)
         else:
             cnt = np.where(i < g, n, g)
-        glob = progression_csr(n, np.zeros(n, dtype=np.int64), cnt)
-        return [win.heads[0], glob]
+        yield np.zeros_like(i), cnt, 1
 
     return Pattern.from_rule(
-        PatternRule(2, build), n, name="longformer", params=params, causal=causal,
+        progression_rule(n, 2, spec), n, name="longformer", params=params, causal=causal,
         head_names=("window", "global"),
     )

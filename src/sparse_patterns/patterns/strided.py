@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import check_bool, check_choice, check_int
-from ..pattern import Pattern, PatternRule
+from ..pattern import Pattern
 from ._blocks import distance_band, distance_multiple, layout_of
-from ._build import progression_csr
+from ._build import progression_rule, with_union
 from ._flex import Rule, band, causal_rule
 from .registry import Param, register
 
@@ -84,18 +84,23 @@ def strided(n: int, stride: int, window: str = "paper", causal: bool = True) -> 
     w = _window_width(stride, window)
     params = {"stride": stride, "window": window, "causal": causal}
 
-    def build():
-        i = np.arange(n, dtype=np.int64)
+    def spec(i: np.ndarray):  # rows i of both heads as progressions, head by head
+        s1 = np.maximum(0, i - w)
+        yield s1, (i if causal else np.minimum(n - 1, i + w)) - s1 + 1, 1
+        del s1
         if causal:
-            s1 = np.maximum(0, i - w)
-            a1 = progression_csr(n, s1, i - s1 + 1)
-            a2 = progression_csr(n, i % stride, i // stride + 1, stride)
+            yield i % stride, i // stride + 1, stride
         else:
-            s1 = np.maximum(0, i - w)
-            a1 = progression_csr(n, s1, np.minimum(n - 1, i + w) - s1 + 1)
             s2 = i % stride
-            a2 = progression_csr(n, s2, (n - 1 - s2) // stride + 1, stride)
-        return [a1, a2]
+            yield s2, (n - 1 - s2) // stride + 1, stride
+
+    def union_counts() -> np.ndarray:
+        # |A1| + |A2| - |A1 & A2|: the window [i - a, i + b] holds a // l + b // l + 1 of A2
+        i = np.arange(n, dtype=np.int64)
+        a = np.minimum(w, i)
+        b = np.zeros_like(i) if causal else np.minimum(w, n - 1 - i)
+        a2 = i // stride + (0 if causal else (n - 1 - i) // stride)  # |A2| - 1
+        return a + b + 1 + a2 - a // stride - b // stride
 
     def blocks(block: int):
         if causal:
@@ -105,5 +110,5 @@ def strided(n: int, stride: int, window: str = "paper", causal: bool = True) -> 
         return layout_of(n, block, [h1, distance_multiple(n, block, stride, causal)])
 
     return Pattern.from_rule(
-        PatternRule(2, build, blocks), n, name="strided", params=params, causal=causal, head_names=("A1", "A2"),
+        with_union(progression_rule(n, 2, spec, blocks), union_counts), n, name="strided", params=params, causal=causal, head_names=("A1", "A2"),
     )
