@@ -22,7 +22,7 @@ from ..pattern import BlockLayout, PatternRule
 
 __all__ = [
     "csr", "progression_csr", "prefix_csr", "blocks_csr", "block_row_counts", "local2d_csr",
-    "local2d_counts", "from_row_lists", "union_csr", "tril_counts", "progression_rule",
+    "local2d_counts", "from_row_lists", "tril_counts", "progression_rule",
     "Progression", "with_union",
 ]
 
@@ -250,17 +250,6 @@ def from_row_lists(n: int, rows: list[np.ndarray]) -> sp.csr_matrix:
     indptr = _offsets(count)
     cols = np.concatenate(rows) if rows else np.empty(0, dtype=np.int64)
     return csr(n, indptr, cols)
-
-
-def union_csr(*mats: sp.csr_matrix) -> sp.csr_matrix:
-    """Boolean union of CSR matrices of one shape, canonical."""
-    u = mats[0]
-    for m in mats[1:]:
-        u = u + m
-    u = sp.csr_matrix(u, dtype=bool)
-    u.sum_duplicates()
-    u.sort_indices()
-    return u
 
 
 def tril_counts(cols: np.ndarray, i: int | np.ndarray) -> np.ndarray:
