@@ -79,6 +79,10 @@ class PatternRule:
     counts : callable, optional
         ``counts() -> int64 (num_heads, n)``: ``|A_i|`` of every head in closed
         form, so ``nnz``, ``head_nnz`` and the memory guard need no CSR.
+    union_counts : callable, optional
+        ``union_counts() -> int64 (n,)``: ``|S_i|`` of the union of the heads in
+        closed form, so ``nnz``, ``density`` and ``row_counts`` need no pass
+        over the rows. Without it, the union is streamed row range by row range.
 
     Examples
     --------
@@ -93,6 +97,7 @@ class PatternRule:
     blocks: Callable[[int], BlockLayout] | None = None
     rows: Callable[[int, int], Sequence[sp.csr_matrix]] | None = None
     counts: Callable[[], np.ndarray] | None = None
+    union_counts: Callable[[], np.ndarray] | None = None
 
 
 #: Entries of one chunk of rows that streaming consumers read at a time (about 40 MB of CSR).
@@ -483,6 +488,8 @@ class Pattern:
             out[-1] = out[0]
         elif self._heads is not None:
             out[-1] = np.diff(self.union().indptr)
+        elif self._rule is not None and self._rule.union_counts is not None:
+            out[-1] = self._rule.union_counts()
         else:  # stream the union row range by row range
             for start, stop, mats in self.iter_rows():
                 out[-1, start:stop] = np.diff(union_rows(list(mats)).indptr)

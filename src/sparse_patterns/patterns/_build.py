@@ -234,14 +234,8 @@ def progression_rule(
 
 
 def with_union(rule: PatternRule, union_counts: Callable[[], np.ndarray]) -> PatternRule:
-    """``rule`` with ``union_counts() -> int64 (n,)``, ``|S_i|`` of the union in closed form.
-
-    Passed on where :class:`~sparse_patterns.pattern.PatternRule` takes a
-    ``union_counts`` field; without one the union's counts are streamed.
-    """
-    if "union_counts" in {f.name for f in dataclasses.fields(PatternRule)}:
-        return dataclasses.replace(rule, union_counts=union_counts)
-    return rule
+    """``rule`` with ``union_counts() -> int64 (n,)``, ``|S_i|`` of the union in closed form."""
+    return dataclasses.replace(rule, union_counts=union_counts)
 
 
 def from_row_lists(n: int, rows: list[np.ndarray]) -> sp.csr_matrix:
