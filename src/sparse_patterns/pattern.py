@@ -83,6 +83,10 @@ class PatternRule:
         ``union_counts() -> int64 (n,)``: ``|S_i|`` of the union of the heads in
         closed form, so ``nnz``, ``density`` and ``row_counts`` need no pass
         over the rows. Without it, the union is streamed row range by row range.
+    take : callable, optional
+        ``take(i) -> sequence of csr_matrix``: the rows ``i`` (int64 token
+        indices, any order) of every head, each ``(i.size, n)``, as ``rows``
+        does for a range; planners read permuted query blocks through it.
 
     Examples
     --------
@@ -98,6 +102,7 @@ class PatternRule:
     rows: Callable[[int, int], Sequence[sp.csr_matrix]] | None = None
     counts: Callable[[], np.ndarray] | None = None
     union_counts: Callable[[], np.ndarray] | None = None
+    take: Callable[[np.ndarray], Sequence[sp.csr_matrix]] | None = None
 
 
 #: Entries of one chunk of rows that streaming consumers read at a time (about 40 MB of CSR).
@@ -372,6 +377,32 @@ class Pattern:
         for start in range(0, self._n, int(chunk)):
             stop = min(self._n, start + int(chunk))
             yield start, stop, self._row_mats(start, stop)
+
+    def rows_of(self, i: np.ndarray) -> tuple[sp.csr_matrix, ...]:
+        """The rows ``i`` (token indices in ``[0, n)``, any order) of every head.
+
+        Each head's rows come as boolean CSR ``(len(i), n)``, row ``r`` being
+        token ``i[r]``: O(nnz of those rows) when the rule can take any rows,
+        else one row range per run of consecutive indices.
+
+        Examples
+        --------
+        >>> from sparse_patterns import make
+        >>> [m.indices.tolist() for m in make("strided", 8, stride=3).rows_of([7, 2])]
+        [[4, 5, 6, 7, 0, 1, 2], [1, 4, 7, 2]]
+        """
+        i = np.asarray(i, dtype=np.int64).reshape(-1)
+        if i.size and (i.min() < 0 or i.max() >= self._n):
+            raise ValueError(f"i: token indices must lie in [0, {self._n}), got {i.min()}..{i.max()}")
+        if self._heads is None and self._rule is not None and self._rule.take is not None:
+            return tuple(self._rule.take(i))
+        if self._heads is not None or self._rule is None or self._rule.rows is None:
+            return tuple(h[i] for h in self.heads)
+        cuts = np.flatnonzero(np.diff(i) != 1) + 1  # runs of consecutive tokens
+        parts = [self._row_mats(int(r[0]), int(r[-1]) + 1) for r in np.split(i, cuts) if r.size]
+        if not parts:
+            return tuple(h[:0] for h in self._row_mats(0, 0))
+        return tuple(sp.vstack(col, format="csr") for col in zip(*parts, strict=True))
 
     def chunk_rows(self, entries: int = CHUNK_ENTRIES) -> int:
         """Rows per chunk so that a chunk of every head holds about ``entries`` entries."""

@@ -1,7 +1,8 @@
-"""The plan's compiled loops: stride gcds, tile counts, partial-tile masks, CSR set operations.
+"""The plan's compiled loops: stride gcds, a piece's rows, tile counts and partial-tile masks.
 
 Private to :mod:`sparse_patterns.kernels.planning`; numba functions that take
-only arrays and scalars.
+only arrays and scalars, release the GIL, and work on one chunk of query rows
+at a time, so that a plan never holds more than a chunk of the pattern.
 """
 
 from __future__ import annotations
@@ -9,16 +10,16 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["gcd_of_offsets", "count_tiles", "fill_masks", "csr_difference", "csr_union"]
+__all__ = ["gcd_of_offsets", "piece_rows", "chunk_tiles"]
 
 
-@numba.njit(cache=True)
-def gcd_of_offsets(indptr, indices):  # pragma: no cover - compiled
-    """gcd of ``|i - j|`` over entries with ``i != j`` (0 when there are none)."""
+@numba.njit(cache=True, nogil=True)
+def gcd_of_offsets(indptr, indices, rows):  # pragma: no cover - compiled
+    """gcd of ``|i - j|`` over entries with ``i != j``, row ``r`` being token ``rows[r]`` (0: none)."""
     g = 0
-    n = indptr.size - 1
-    for i in range(n):
-        for e in range(indptr[i], indptr[i + 1]):
+    for r in range(indptr.size - 1):
+        i = rows[r]
+        for e in range(indptr[r], indptr[r + 1]):
             d = i - indices[e]
             if d < 0:
                 d = -d
@@ -33,111 +34,206 @@ def gcd_of_offsets(indptr, indices):  # pragma: no cover - compiled
     return g
 
 
-@numba.njit(cache=True)
-def count_tiles(indptr, indices, qperm, kpos, block, n):  # pragma: no cover - compiled
-    """Tiles touched by a piece in permuted order: (I, J, entries) per tile, by I then J."""
+@numba.njit(cache=True, nogil=True)
+def piece_rows(ptrs, idxs, member):  # pragma: no cover - compiled
+    """Rows of a merged piece: entries of the member heads that no earlier head holds.
+
+    ``ptrs`` and ``idxs`` are tuples of the heads' CSR ``indptr`` and ``indices``
+    (sorted columns), one row per query. An entry ``j`` of a member head ``h``
+    belongs to the piece when no head ``h2 < h`` holds ``j`` in that row, so the
+    pieces of one merged softmax are disjoint and cover the union. Each earlier
+    head is searched from a cursor that only moves forward, in O(1) when its row
+    lies wholly before or after ``j``. Rows come out sorted.
+    """
+    H = len(ptrs)
+    R = ptrs[0].size - 1
+    cap = 0
+    for h in range(H):
+        if member[h]:
+            cap += ptrs[h][R] - ptrs[h][0]
+    out_ptr = np.zeros(R + 1, np.int64)
+    out = np.empty(cap, idxs[0].dtype)
+    cur = np.empty(H, np.int64)
+    members = 0
+    for h in range(H):
+        members += 1 if member[h] else 0
+    seg = np.empty(H + 1, np.int64)
+    tmp = np.empty(0, idxs[0].dtype)
+    k = 0
+    for r in range(R):
+        k0 = k
+        ns = 0
+        for h in range(H):
+            if not member[h]:
+                continue
+            seg[ns] = k
+            ns += 1
+            for h2 in range(h):
+                cur[h2] = ptrs[h2][r]
+            ind = idxs[h]
+            for e in range(ptrs[h][r], ptrs[h][r + 1]):
+                j = ind[e]
+                dup = False
+                for h2 in range(h):
+                    cat = idxs[h2]
+                    lo = cur[h2]
+                    hi = ptrs[h2][r + 1]
+                    if lo >= hi or cat[lo] > j:
+                        continue
+                    if cat[hi - 1] < j:
+                        cur[h2] = hi
+                        continue
+                    b = hi - 1  # cat[b] >= j: first position >= j in [lo, b]
+                    while lo < b:
+                        mid = (lo + b) >> 1
+                        if cat[mid] < j:
+                            lo = mid + 1
+                        else:
+                            b = mid
+                    cur[h2] = lo
+                    if cat[lo] == j:
+                        dup = True
+                        break
+                if not dup:
+                    out[k] = j
+                    k += 1
+        seg[ns] = k
+        if members > 1 and k > k0:
+            # several heads' entries, each sorted and disjoint: merge them, as CSR rows are sorted
+            if tmp.size < k - k0:
+                tmp = np.empty(2 * (k - k0), idxs[0].dtype)
+            while ns > 1:
+                a, b, c = seg[0], seg[1], seg[2]
+                x, y, t = a, b, 0
+                while x < b and y < c:
+                    if out[x] < out[y]:
+                        tmp[t] = out[x]
+                        x += 1
+                    else:
+                        tmp[t] = out[y]
+                        y += 1
+                    t += 1
+                while x < b:
+                    tmp[t] = out[x]
+                    x += 1
+                    t += 1
+                while y < c:
+                    tmp[t] = out[y]
+                    y += 1
+                    t += 1
+                out[a:c] = tmp[:t]
+                for u in range(1, ns):
+                    seg[u] = seg[u + 1]
+                ns -= 1
+        out_ptr[r + 1] = k
+    return out_ptr, out[:k]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _run(indices, e, end, kpos, step, block, shift):  # pragma: no cover - compiled
+    """``(kp, J, e2)``: the entries ``e .. e2-1`` hold consecutive key positions
+    ``kp, kp + 1, ...`` inside key block ``J`` (one gather per run)."""
+    j = indices[e]
+    kp = kpos[j]
+    J = (kp >> shift) if shift >= 0 else kp // block
+    if step <= 0:
+        return kp, J, e + 1
+    lim = min(end, e + (J + 1) * block - kp)  # the run cannot leave block J
+    if step == 1 and indices[lim - 1] - j == lim - 1 - e:
+        return kp, J, lim  # sorted unique columns: a span equal to the count is a run
+    e2 = e + 1
+    while e2 < lim and indices[e2] - indices[e2 - 1] == step:
+        e2 += 1
+    return kp, J, e2
+
+
+@numba.njit(cache=True, nogil=True)
+def chunk_tiles(indptr, indices, kpos, step, block, n, rows_in, fill):  # pragma: no cover - compiled
+    """Tiles of consecutive query blocks of a piece, in the piece's order.
+
+    Query block ``q`` is the CSR rows ``q * block .. q * block + rows_in[q] - 1``
+    (tokens in the piece's query order, sorted columns per row); a key ``j`` lies
+    in key block ``kpos[j] // block``. ``step > 0`` promises
+    ``kpos[j + step] = kpos[j] + 1`` (1 for the identity, ``s`` for residue classes
+    mod ``s``), so a run of entries ``step`` apart is counted at once. Returns
+    ``(tiles per query block, key block of each tile, mask slot of each tile or
+    -1 for a full one, masks, computed pairs)``; the masks (``uint64 (M, block,
+    ceil(block / 64))``) are filled only when ``fill``. Tiles come by query
+    block, then by key block.
+    """
     nb = (n + block - 1) // block
+    shift = -1
+    if block & (block - 1) == 0:
+        shift = 0
+        while (1 << shift) < block:
+            shift += 1
+    nq = rows_in.size
+    W = (block + 63) // 64
     counts = np.zeros(nb, np.int64)
+    slot = np.full(nb, -1, np.int64)
     touched = np.empty(nb, np.int64)
-    cap = 1024
-    ti = np.empty(cap, np.int64)
-    tj = np.empty(cap, np.int64)
-    tc = np.empty(cap, np.int64)
+    qcount = np.zeros(nq, np.int64)
+    cap_t = 1024
+    tj = np.empty(cap_t, np.int32)
+    tm = np.empty(cap_t, np.int64)
+    cap_m = 64 if fill else 1
+    masks = np.zeros((cap_m, block, W), np.uint64)
     nt = 0
-    for I in range(nb):
+    nm = 0
+    computed = 0
+    r0 = 0
+    for q in range(nq):
+        r1 = r0 + rows_in[q]
         m = 0
-        for pos in range(I * block, min(n, (I + 1) * block)):
-            i = qperm[pos]
-            for e in range(indptr[i], indptr[i + 1]):
-                J = kpos[indices[e]] // block
+        for r in range(r0, r1):
+            e, end = indptr[r], indptr[r + 1]
+            while e < end:
+                kp, J, e2 = _run(indices, e, end, kpos, step, block, shift)
                 if counts[J] == 0:
                     touched[m] = J
                     m += 1
-                counts[J] += 1
+                counts[J] += e2 - e
+                e = e2
         touched[:m].sort()
+        first = nm
         for t in range(m):
             J = touched[t]
-            if nt == cap:
-                cap *= 2
-                ti2 = np.empty(cap, np.int64)
-                tj2 = np.empty(cap, np.int64)
-                tc2 = np.empty(cap, np.int64)
-                ti2[:nt] = ti[:nt]
+            area = rows_in[q] * min(block, n - J * block)
+            computed += area
+            if nt == cap_t:
+                cap_t *= 2
+                tj2 = np.empty(cap_t, np.int32)
+                tm2 = np.empty(cap_t, np.int64)
                 tj2[:nt] = tj[:nt]
-                tc2[:nt] = tc[:nt]
-                ti, tj, tc = ti2, tj2, tc2
-            ti[nt] = I
+                tm2[:nt] = tm[:nt]
+                tj, tm = tj2, tm2
             tj[nt] = J
-            tc[nt] = counts[J]
+            tm[nt] = -1
+            if counts[J] < area:
+                if fill:
+                    if nm == cap_m:
+                        cap_m *= 2
+                        m2 = np.zeros((cap_m, block, W), np.uint64)
+                        m2[:nm] = masks[:nm]
+                        masks = m2
+                    slot[J] = nm
+                tm[nt] = nm
+                nm += 1
             nt += 1
             counts[J] = 0
-    return ti[:nt].copy(), tj[:nt].copy(), tc[:nt].copy()
-
-
-@numba.njit(cache=True)
-def fill_masks(indptr, indices, qperm, kpos, block, n, tile_ptr, tile_col, tile_mask, masks):  # pragma: no cover - compiled
-    """Set the bit of every entry of the piece in its partial tile's mask."""
-    nb = (n + block - 1) // block
-    slot = np.full(nb, -1, np.int64)
-    for I in range(nb):
-        for t in range(tile_ptr[I], tile_ptr[I + 1]):
-            slot[tile_col[t]] = tile_mask[t]
-        for pos in range(I * block, min(n, (I + 1) * block)):
-            r = pos - I * block
-            i = qperm[pos]
-            for e in range(indptr[i], indptr[i + 1]):
-                kp = kpos[indices[e]]
-                mi = slot[kp // block]
-                if mi >= 0:
-                    c = kp % block
-                    masks[mi, r, c >> 6] |= np.uint64(1) << np.uint64(c & 63)
-        for t in range(tile_ptr[I], tile_ptr[I + 1]):
-            slot[tile_col[t]] = -1
-
-
-@numba.njit(cache=True)
-def csr_difference(ap, ai, bp, bi):  # pragma: no cover - compiled
-    """Row-wise ``A \\ B`` of two canonical CSR matrices (sorted indices)."""
-    n = ap.size - 1
-    outp = np.zeros(n + 1, np.int64)
-    out = np.empty(ai.size, np.int64)
-    k = 0
-    for i in range(n):
-        e, f = ap[i], bp[i]
-        fe = bp[i + 1]
-        for e in range(ap[i], ap[i + 1]):
-            j = ai[e]
-            while f < fe and bi[f] < j:
-                f += 1
-            if f < fe and bi[f] == j:
-                continue
-            out[k] = j
-            k += 1
-        outp[i + 1] = k
-    return outp, out[:k].copy()
-
-
-@numba.njit(cache=True)
-def csr_union(ap, ai, bp, bi):  # pragma: no cover - compiled
-    """Row-wise ``A | B`` of two canonical CSR matrices (sorted indices)."""
-    n = ap.size - 1
-    outp = np.zeros(n + 1, np.int64)
-    out = np.empty(ai.size + bi.size, np.int64)
-    k = 0
-    for i in range(n):
-        e, ee = ap[i], ap[i + 1]
-        f, fe = bp[i], bp[i + 1]
-        while e < ee or f < fe:
-            if f >= fe or (e < ee and ai[e] < bi[f]):
-                out[k] = ai[e]
-                e += 1
-            elif e >= ee or bi[f] < ai[e]:
-                out[k] = bi[f]
-                f += 1
-            else:
-                out[k] = ai[e]
-                e += 1
-                f += 1
-            k += 1
-        outp[i + 1] = k
-    return outp, out[:k].copy()
+        qcount[q] = m
+        if fill and nm > first:
+            for r in range(r0, r1):
+                rr = r - r0
+                e, end = indptr[r], indptr[r + 1]
+                while e < end:
+                    kp, J, e2 = _run(indices, e, end, kpos, step, block, shift)
+                    s = slot[J]
+                    if s >= 0:
+                        for c in range(kp - J * block, kp - J * block + e2 - e):
+                            masks[s, rr, c >> 6] |= np.uint64(1) << np.uint64(c & 63)
+                    e = e2
+            for t in range(m):
+                slot[touched[t]] = -1
+        r0 = r1
+    return qcount, tj[:nt].copy(), tm[:nt].copy(), masks[: nm if fill else 0].copy(), computed

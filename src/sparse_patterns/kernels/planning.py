@@ -16,16 +16,17 @@ structure.
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
 
 from .._validate import check_choice, check_int
 from ..pattern import KERNEL_MODES, Mode, Pattern
-from ._tiling import count_tiles, csr_difference, csr_union, fill_masks, gcd_of_offsets
+from ._tiling import chunk_tiles, gcd_of_offsets, piece_rows
 
 __all__ = [
     "ExecutionPlan", "plan", "cached_plan", "MODES", "BLOCK", "check_mode", "clear_plan_cache",
@@ -64,15 +65,40 @@ def _freeze(a: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------- pieces
+#: Query rows per chunk of a plan's pass (None: about ``pattern.CHUNK_ENTRIES``
+#: entries); tests set it small to check that chunking changes nothing.
+CHUNK_ROWS: int | None = None
+
+#: Query blocks read to choose a piece's order (all of them when there are fewer).
+SAMPLE_BLOCKS = 64
+
+
 class _Piece:
-    """One disjoint part of a softmax group, in CSR, with its chosen permutation."""
+    """One part of a softmax group: the heads whose entries it takes, and its order.
 
-    __slots__ = ("indptr", "indices", "group", "kind", "qperm", "kperm", "tiles", "cost")
+    In ``merged`` mode a piece takes the entries of its member heads that no
+    earlier head holds; in ``multihead`` mode a piece is one head.
+    """
 
-    def __init__(self, indptr, indices, group):
-        self.indptr = indptr
-        self.indices = indices
-        self.group = group
+    __slots__ = ("members", "exclusive", "group", "kind", "qperm", "kperm")
+
+    def __init__(self, members, exclusive, group, kind=("identity",), qperm=None, kperm=None):
+        self.members, self.exclusive, self.group = tuple(members), exclusive, group
+        self.kind, self.qperm, self.kperm = kind, qperm, kperm
+
+    def rows(self, mats: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """The piece's CSR ``(indptr, indices)`` from the rows of every head."""
+        top = max(self.members)
+        if not self.exclusive or top == 0:
+            if len(self.members) == 1:
+                m = mats[top]
+                return m.indptr.astype(np.int64), m.indices
+        dt = np.result_type(*(mats[h].indices.dtype for h in range(top + 1)))
+        ptrs = tuple(mats[h].indptr.astype(np.int64) for h in range(top + 1))
+        idxs = tuple(mats[h].indices.astype(dt, copy=False) for h in range(top + 1))
+        member = np.zeros(top + 1, dtype=np.bool_)
+        member[list(self.members)] = True
+        return piece_rows(ptrs, idxs, member)
 
 
 def residue_perm(n: int, s: int) -> np.ndarray:
@@ -81,76 +107,111 @@ def residue_perm(n: int, s: int) -> np.ndarray:
     return np.lexsort((i // s, i % s))
 
 
-def _tiles_of(piece: _Piece, qperm, kperm, block: int, n: int):
-    kpos = np.empty(n, np.int64)
-    kpos[kperm] = np.arange(n, dtype=np.int64)
-    ti, tj, tc = count_tiles(piece.indptr, piece.indices, qperm, kpos, block, n)
-    sizes = np.full(-(-n // block), block, dtype=np.int64)
-    sizes[-1] = n - block * (sizes.size - 1)
-    area = sizes[ti] * sizes[tj]
-    return (ti, tj, tc, area, kpos), int(area.sum())
+def _inverse(perm: np.ndarray) -> np.ndarray:
+    pos = np.empty(perm.size, np.int64)
+    pos[perm] = np.arange(perm.size, dtype=np.int64)
+    return pos
 
 
-def _choose(piece: _Piece, n: int, block: int) -> None:
-    """Try the identity, a residue-class and a key-compaction permutation; keep the cheapest."""
-    ident = np.arange(n, dtype=np.int64)
-    cands: list[tuple[Any, np.ndarray, np.ndarray]] = [(("identity",), ident, ident)]
-    s = int(gcd_of_offsets(piece.indptr, piece.indices))
-    if 1 < s < n:
-        r = residue_perm(n, s)
-        cands.append((("residue", s), r, r))
-    used = np.zeros(n, dtype=bool)
-    used[piece.indices] = True
-    if not used.all() and used.any():
-        kp = np.concatenate([np.flatnonzero(used), np.flatnonzero(~used)]).astype(np.int64)
-        cands.append((("keys", int(used.sum())), ident, kp))
-    best = None
-    for kind, qp, kp in cands:
-        tiles, cost = _tiles_of(piece, qp, kp, block, n)
-        if best is None or cost < best[0]:
-            best = (cost, kind, qp, kp, tiles)
-    assert best is not None
-    piece.cost, piece.kind, piece.qperm, piece.kperm, piece.tiles = best
+def _block_rows(n: int, block: int, blocks: np.ndarray) -> np.ndarray:
+    """Tokens of each query block ``I`` in ``blocks``: ``min(block, n - I * block)``."""
+    return np.minimum(block, n - blocks * block).astype(np.int64)
 
 
-def _csr_arrays(m: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
-    return m.indptr.astype(np.int64), m.indices.astype(np.int64)
+def _positions(n: int, block: int, blocks: np.ndarray) -> np.ndarray:
+    """Piece positions of the query blocks ``blocks``, concatenated."""
+    if blocks.size == 0:
+        return np.empty(0, np.int64)
+    starts = blocks * block
+    sizes = _block_rows(n, block, blocks)
+    return np.repeat(starts - np.cumsum(sizes) + sizes, sizes) + np.arange(int(sizes.sum()))
 
 
-def _pieces(pattern: Pattern, mode: str, block: int) -> tuple[list[_Piece], int, np.ndarray]:
+def _sample(nb: int) -> np.ndarray:
+    """Query blocks read to choose an order: all, or :data:`SAMPLE_BLOCKS` spread evenly."""
+    if nb <= SAMPLE_BLOCKS:
+        return np.arange(nb, dtype=np.int64)
+    return np.unique(np.linspace(0, nb - 1, SAMPLE_BLOCKS).round().astype(np.int64))
+
+
+def _step(kind: tuple) -> int:
+    """``s`` with ``kpos[j + s] = kpos[j] + 1`` in this order (0: none known)."""
+    return {"identity": 1, "residue": kind[-1]}.get(kind[0], 0)
+
+
+def _choose(pattern: Pattern, pieces: list[_Piece], block: int) -> None:
+    """Give each piece the order (identity, residue class, key compaction) with the fewest
+    computed pairs, estimated on sampled query blocks (exact when all are sampled).
+
+    Any order gives an exact plan; the order only decides how compact the tiles are.
+    """
     n = pattern.n
-    heads = [_csr_arrays(h) for h in pattern.heads]
-    if mode == "multihead":
-        pieces = [_Piece(p, i, g) for g, (p, i) in enumerate(heads)]
-        useful = np.array([i.size for _, i in heads], dtype=np.int64)
-        for pc in pieces:
-            _choose(pc, n, block)
-        return pieces, len(heads), useful
-    # merged: head h minus the heads before it, so that no pair is in two pieces
-    pieces = []
-    seen_p, seen_i = heads[0]
-    pieces.append(_Piece(seen_p, seen_i, 0))
-    for hp, hi in heads[1:]:
-        dp, di = csr_difference(hp, hi, seen_p, seen_i)
-        if di.size:
-            pieces.append(_Piece(dp, di, 0))
-        seen_p, seen_i = csr_union(seen_p, seen_i, hp, hi)
+    nb = -(-n // block)
+    blocks = _sample(nb)
+    ident = np.arange(n, dtype=np.int64)
+    tokens = _positions(n, block, blocks)
+    mats = pattern.rows_of(tokens)
     for pc in pieces:
-        _choose(pc, n, block)
-    # pieces that chose the same permutation are executed as one (shared partial tiles)
+        indptr, indices = pc.rows(mats)
+        s = int(gcd_of_offsets(indptr, indices, tokens))
+        cands: list[tuple[Any, np.ndarray, np.ndarray]] = [(("identity",), ident, ident)]
+        if 1 < s < n:
+            r = residue_perm(n, s)
+            cands.append((("residue", s), r, r))
+        used = np.zeros(n, dtype=bool)
+        used[indices] = True
+        u = int(used.sum())
+        if 0 < u < n:
+            kp = np.concatenate([np.flatnonzero(used), np.flatnonzero(~used)]).astype(np.int64)
+            cands.append((("keys", u), ident, kp))
+        best = None
+        for kind, qp, kp in cands:
+            ip, ii = pc.rows(mats if qp is ident else pattern.rows_of(qp[tokens]))
+            cost = chunk_tiles(ip, ii, _inverse(kp), _step(kind), block, n,
+                               _block_rows(n, block, blocks), False)[4]
+            if best is None or cost < best[0]:
+                best = (cost, kind, qp, kp)
+        assert best is not None
+        _, pc.kind, pc.qperm, pc.kperm = best
+
+
+def _pieces(pattern: Pattern, mode: str, block: int) -> tuple[list[_Piece], int]:
+    """The pieces of ``pattern`` with their orders, and the number of softmax groups."""
+    p = pattern.num_heads
+    if mode == "multihead":
+        pieces = [_Piece((h,), False, h) for h in range(p)]
+        _choose(pattern, pieces, block)
+        return pieces, p
+    # merged: head h minus the heads before it, so that no pair is in two pieces
+    pieces = [_Piece((h,), True, 0) for h in range(p)]
+    _choose(pattern, pieces, block)
+    # pieces that chose the same order are executed as one (shared partial tiles)
     merged: dict[Any, _Piece] = {}
     for pc in pieces:
         key = pc.kind if pc.kind[0] != "keys" else ("keys", pc.kperm.tobytes())
         if key in merged:
             a = merged[key]
-            up, ui = csr_union(a.indptr, a.indices, pc.indptr, pc.indices)
-            u = _Piece(up, ui, 0)
-            u.kind, u.qperm, u.kperm = a.kind, a.qperm, a.kperm
-            u.tiles, u.cost = _tiles_of(u, a.qperm, a.kperm, block, n)
-            merged[key] = u
+            merged[key] = _Piece(a.members + pc.members, True, 0, a.kind, a.qperm, a.kperm)
         else:
             merged[key] = pc
-    return list(merged.values()), 1, np.array([seen_i.size], dtype=np.int64)
+    return list(merged.values()), 1
+
+
+def _piece_tiles(pattern: Pattern, pc: _Piece, block: int, chunk: int, pool) -> list[tuple]:
+    """Stream the piece's query blocks in its order, ``chunk`` rows at a time."""
+    n = pattern.n
+    kpos = _inverse(pc.kperm)
+    step = _step(pc.kind)
+
+    def run(start: int) -> tuple:
+        stop = min(n, start + chunk)
+        mats = pattern.rows_of(pc.qperm[start:stop])
+        indptr, indices = pc.rows(mats)
+        blocks = np.arange(start // block, -(-stop // block), dtype=np.int64)
+        out = chunk_tiles(indptr, indices, kpos, step, block, n, _block_rows(n, block, blocks), True)
+        return (*out, int(indptr[-1] - indptr[0]))
+
+    return list(pool.map(run, range(0, n, chunk)))
 
 
 # --------------------------------------------------------------------- the plan
@@ -433,39 +494,46 @@ def _kind_str(kind: tuple) -> str:
     return kind[0] if len(kind) == 1 else f"{kind[0]}({kind[1]})"
 
 
+def _chunk_rows(pattern: Pattern, block: int) -> int:
+    rows = CHUNK_ROWS if CHUNK_ROWS is not None else pattern.chunk_rows()
+    return block * max(1, -(-int(rows) // block))
+
+
 def _build(pattern: Pattern, block: int, mode: str) -> ExecutionPlan:
     n = pattern.n
     nb = -(-n // block)
     W = -(-block // 64)
-    pieces, G, useful = _pieces(pattern, mode, block)
-    P = len(pieces)
-    tile_ptr = np.zeros(P * nb + 1, dtype=np.int64)
-    cols, mask_idx, mask_list = [], [], []
+    pieces, G = _pieces(pattern, mode, block)
+    chunk = _chunk_rows(pattern, block)
+    useful = np.zeros(G, dtype=np.int64)
     computed = np.zeros(G, dtype=np.int64)
+    kept, counts, cols, mask_idx, mask_list = [], [], [], [], []
     m0 = 0
-    for p, pc in enumerate(pieces):
-        ti, tj, tc, area, kpos = pc.tiles
-        computed[pc.group] += int(area.sum())
-        counts = np.bincount(ti, minlength=nb)
-        base = tile_ptr[p * nb]
-        tile_ptr[p * nb + 1 : (p + 1) * nb + 1] = base + np.cumsum(counts)
-        partial = tc < area
-        mi = np.full(ti.size, _FULL, dtype=np.int64)
-        mi[partial] = m0 + np.arange(int(partial.sum()))
-        masks = np.zeros((int(partial.sum()), block, W), dtype=np.uint64)
-        local = np.where(partial, mi - m0, _FULL)
-        fill_masks(pc.indptr, pc.indices, pc.qperm, kpos, block, n,
-                    tile_ptr[p * nb : (p + 1) * nb + 1] - base, tj, local, masks)
-        m0 += masks.shape[0]
-        cols.append(tj)
-        mask_idx.append(mi)
-        mask_list.append(masks)
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+        for pc in pieces:
+            parts = _piece_tiles(pattern, pc, block, chunk, pool)
+            pairs = sum(part[5] for part in parts)
+            if mode == "merged" and pairs == 0:
+                continue  # a head wholly inside earlier heads adds no piece
+            kept.append(pc)
+            useful[pc.group] += pairs
+            for qcount, tj, tm, masks, area, _ in parts:
+                computed[pc.group] += area
+                counts.append(qcount)
+                cols.append(tj)
+                mask_idx.append(np.where(tm < 0, _FULL, tm + m0))
+                mask_list.append(masks)
+                m0 += masks.shape[0]
+    P = len(kept)
+    tile_ptr = np.zeros(P * nb + 1, dtype=np.int64)
+    if counts:
+        np.cumsum(np.concatenate(counts), out=tile_ptr[1:])
     return ExecutionPlan(
         n=n, block=block, mode=mode, num_groups=G,
-        piece_group=[pc.group for pc in pieces],
-        piece_kind=[_kind_str(pc.kind) for pc in pieces],
-        qperm=np.stack([pc.qperm for pc in pieces]) if P else np.empty((0, n)),
-        kperm=np.stack([pc.kperm for pc in pieces]) if P else np.empty((0, n)),
+        piece_group=[pc.group for pc in kept],
+        piece_kind=[_kind_str(pc.kind) for pc in kept],
+        qperm=np.stack([pc.qperm for pc in kept]) if P else np.empty((0, n)),
+        kperm=np.stack([pc.kperm for pc in kept]) if P else np.empty((0, n)),
         tile_ptr=tile_ptr,
         tile_col=np.concatenate(cols) if cols else np.empty(0),
         tile_mask=np.concatenate(mask_idx) if mask_idx else np.empty(0),

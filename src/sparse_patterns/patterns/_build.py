@@ -76,10 +76,10 @@ def _kernels() -> dict:
                     out[base + k] = cols[k]
 
         @njit(cache=True, nogil=True)
-        def fill_blocks(n, block, bptr, bidx, first, causal, indptr, out):  # pragma: no cover
-            # row r is token i = first + r; its columns: the blocks of block row i // block
+        def fill_blocks(n, block, bptr, bidx, rows, causal, indptr, out):  # pragma: no cover
+            # row r is token i = rows[r]; its columns: the blocks of block row i // block
             for r in range(indptr.size - 1):
-                i = first + r
+                i = rows[r]
                 bi = i // block
                 k = indptr[r]
                 for t in range(bptr[bi], bptr[bi + 1]):
@@ -92,10 +92,10 @@ def _kernels() -> dict:
                         k += 1
 
         @njit(cache=True, nogil=True)
-        def fill_local2d(h, w, q, m, causal, first, indptr, out):  # pragma: no cover - numba
-            # row r is raster position i = first + r; indptr is known (local2d_counts)
+        def fill_local2d(h, w, q, m, causal, rows, indptr, out):  # pragma: no cover - numba
+            # row r is raster position i = rows[r]; indptr is known (local2d_counts)
             for r in range(indptr.size - 1):
-                i = first + r
+                i = rows[r]
                 row, col = i // w, i % w
                 r0, c0 = (row // q) * q, (col // q) * q
                 r_end = min(h, r0 + q + (0 if causal else m))
@@ -168,18 +168,18 @@ def block_row_counts(
 
 
 def blocks_csr(
-    n: int, block: int, bptr: np.ndarray, bidx: np.ndarray, start: int, stop: int, causal: bool
+    n: int, block: int, bptr: np.ndarray, bidx: np.ndarray, i: np.ndarray, causal: bool
 ) -> sp.csr_matrix:
-    """Token rows ``start .. stop-1`` of a block-level CSR ``(bptr, bidx)``: ``(stop - start, n)``.
+    """Token rows ``i`` (int64, any order) of a block-level CSR ``(bptr, bidx)``: ``(i.size, n)``.
 
     See :func:`block_row_counts` for the expansion.
     """
     bptr = np.ascontiguousarray(bptr, dtype=np.int64)
     bidx = np.ascontiguousarray(bidx, dtype=np.int64)
-    i = np.arange(start, stop, dtype=np.int64)
+    i = np.ascontiguousarray(i, dtype=np.int64)
     indptr = _offsets(block_row_counts(n, block, bptr, bidx, i, causal))
     out = np.empty(int(indptr[-1]), dtype=_index_dtype(n, int(indptr[-1])))
-    _kernels()["blocks"](n, block, bptr, bidx, start, causal, indptr, out)
+    _kernels()["blocks"](n, block, bptr, bidx, i, causal, indptr, out)
     return csr(n, indptr, out)
 
 
@@ -194,16 +194,13 @@ def local2d_counts(h: int, w: int, q: int, m: int, causal: bool, i: np.ndarray) 
     return (np.minimum(h, r0 + q + m) - rlo) * width
 
 
-def local2d_csr(
-    h: int, w: int, q: int, m: int, causal: bool, start: int = 0, stop: int | None = None
-) -> sp.csr_matrix:
-    """Rows ``start .. stop-1`` of the Image Transformer's 2D local pattern (see ``local2d``)."""
+def local2d_csr(h: int, w: int, q: int, m: int, causal: bool, i: np.ndarray) -> sp.csr_matrix:
+    """Rows ``i`` (int64 raster positions, any order) of the Image Transformer's 2D local pattern."""
     n = h * w
-    stop = n if stop is None else stop
-    i = np.arange(start, stop, dtype=np.int64)
+    i = np.ascontiguousarray(i, dtype=np.int64)
     indptr = _offsets(local2d_counts(h, w, q, m, causal, i))
     out = np.empty(int(indptr[-1]), dtype=_index_dtype(n, int(indptr[-1])))
-    _kernels()["local2d"](h, w, q, m, causal, start, indptr, out)
+    _kernels()["local2d"](h, w, q, m, causal, i, indptr, out)
     return csr(n, indptr, out)
 
 
@@ -222,15 +219,17 @@ def progression_rule(
     ``build()`` is ``rows(0, n)``.
     """
 
-    def rows(start: int, stop: int) -> list[sp.csr_matrix]:
-        i = np.arange(start, stop, dtype=np.int64)
+    def take(i: np.ndarray) -> list[sp.csr_matrix]:
         return [progression_csr(n, s, c, st) for s, c, st in spec(i)]
+
+    def rows(start: int, stop: int) -> list[sp.csr_matrix]:
+        return take(np.arange(start, stop, dtype=np.int64))
 
     def counts() -> np.ndarray:
         i = np.arange(n, dtype=np.int64)
         return np.stack([np.maximum(np.broadcast_to(c, i.shape), 0) for _, c, _ in spec(i)])
 
-    return PatternRule(num_heads, lambda: rows(0, n), blocks, rows, counts)
+    return PatternRule(num_heads, lambda: rows(0, n), blocks, rows, counts, take=take)
 
 
 def with_union(rule: PatternRule, union_counts: Callable[[], np.ndarray]) -> PatternRule:

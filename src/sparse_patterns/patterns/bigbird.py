@@ -151,8 +151,11 @@ def bigbird(
             lay[h, np.repeat(np.arange(nb), np.diff(bptr)), bidx] = True
         return BlockLayout(lay, block=block, n=n)
 
+    def take(i: np.ndarray) -> list:
+        return [blocks_csr(n, block, bp, bi, i, causal) for bp, bi in heads_blocks()]
+
     def rows(start: int, stop: int) -> list:
-        return [blocks_csr(n, block, bp, bi, start, stop, causal) for bp, bi in heads_blocks()]
+        return take(np.arange(start, stop, dtype=np.int64))
 
     def counts() -> np.ndarray:
         i = np.arange(n, dtype=np.int64)
@@ -174,6 +177,6 @@ def bigbird(
         return BlockLayout(lay, block=block, n=n, full=full)
 
     return Pattern.from_rule(
-        PatternRule(3, build, blocks, rows, counts), n, name="bigbird", params=params, causal=causal,
+        PatternRule(3, build, blocks, rows, counts, take=take), n, name="bigbird", params=params, causal=causal,
         head_names=("window", "global", "random"),
     )

@@ -146,14 +146,16 @@ def fixed(
         t = i if causal else np.full_like(i, n - 1)
         return (t // stride) * (hi - lo) + np.clip(t % stride - lo + 1, 0, hi - lo)
 
-    def rows(start: int, stop: int) -> list:
-        i = np.arange(start, stop, dtype=np.int64)
+    def take(i: np.ndarray) -> list:
         heads = [progression_csr(n, *a1(i))]
-        # causal rows read the summary columns <= stop - 1 only (a prefix of the last row)
-        top = stop if causal else n
+        # causal rows read the summary columns <= max(i) only (a prefix of the last row)
+        top = (int(i.max()) + 1 if i.size else 0) if causal else n
         for lo, hi in ranges:
             heads.append(prefix_csr(n, summary_columns(top, stride, lo, hi), summary_counts(i, lo, hi)))
         return heads
+
+    def rows(start: int, stop: int) -> list:
+        return take(np.arange(start, stop, dtype=np.int64))
 
     def counts() -> np.ndarray:
         i = np.arange(n, dtype=np.int64)
@@ -173,6 +175,6 @@ def fixed(
         return layout_of(n, block, hs)
 
     return Pattern.from_rule(
-        with_union(PatternRule(k + 1, lambda: rows(0, n), blocks, rows, counts), union_counts),
+        with_union(PatternRule(k + 1, lambda: rows(0, n), blocks, rows, counts, take=take), union_counts),
         n, name="fixed", params=params, causal=causal, head_names=names,
     )

@@ -211,12 +211,15 @@ def local2d(
     causal = check_bool("causal", causal)
     params = {"height": h, "width": w, "query_block": q, "memory": m, "causal": causal}
 
+    def take(i: np.ndarray) -> list:
+        return [local2d_csr(h, w, q, m, causal, i)]
+
     def rows(start: int, stop: int) -> list:
-        return [local2d_csr(h, w, q, m, causal, start, stop)]
+        return take(np.arange(start, stop, dtype=np.int64))
 
     def counts() -> np.ndarray:
         return local2d_counts(h, w, q, m, causal, np.arange(n, dtype=np.int64))[None]
 
     return Pattern.from_rule(
-        PatternRule(1, lambda: rows(0, n), None, rows, counts), n, name="local2d", params=params, causal=causal, head_names=("A",),
+        PatternRule(1, lambda: rows(0, n), None, rows, counts, take=take), n, name="local2d", params=params, causal=causal, head_names=("A",),
     )
