@@ -14,7 +14,8 @@ themselves (``table()``, rich) and serialize (``to_dict()``, JSON).
 The rooms: ``criteria`` (verify, hops, explain), ``report`` (VerifyReport,
 Explanation), ``blocks`` (the block-level check), ``budget``, ``sweep``
 (scaling), ``cuts`` (bottleneck), and the private ``_common`` (shared checks,
-run structures, step matrices), ``_numba`` and ``_bits`` (the kernels). The
+run structures, step matrices), ``_printable`` (``text()`` from ``table()``),
+``_numba`` and ``_bits`` (the kernels). The
 names below load on first use, so reading budgets imports no numba.
 """
 

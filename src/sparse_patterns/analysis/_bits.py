@@ -9,6 +9,7 @@ bits were newly set, so callers keep exact set sizes without recounting.
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
@@ -19,33 +20,27 @@ _ONE = np.uint64(1)
 _ZERO = np.uint64(0)
 
 
-@intrinsic
-def popcount(typingctx, x):  # noqa: ARG001
-    """Number of set bits of a uint64 (LLVM ``ctpop``)."""
-    if x != types.uint64:
-        return None
-    sig = types.int64(types.uint64)
+def _uint64_op(name: str, doc: str, emit):
+    """An intrinsic ``int64 name(uint64)`` whose LLVM value ``emit(builder, x)`` builds."""
 
-    def codegen(context, builder, signature, args):  # noqa: ARG001
-        v = builder.ctpop(args[0])
-        return builder.zext(v, context.get_value_type(types.int64)) if v.type.width < 64 else v
+    def typer(typingctx, x):  # noqa: ARG001
+        if x != types.uint64:
+            return None
 
-    return sig, codegen
+        def codegen(context, builder, signature, args):  # noqa: ARG001
+            return emit(builder, args[0])  # an i64, as the signature says
+
+        return types.int64(types.uint64), codegen
+
+    typer.__name__ = typer.__qualname__ = name
+    typer.__doc__ = doc
+    return intrinsic(typer)
 
 
-@intrinsic
-def ctz(typingctx, x):  # noqa: ARG001
-    """Index of the lowest set bit of a non-zero uint64 (LLVM ``cttz``)."""
-    if x != types.uint64:
-        return None
-    sig = types.int64(types.uint64)
-
-    def codegen(context, builder, signature, args):  # noqa: ARG001
-        from llvmlite import ir  # noqa: PLC0415
-
-        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 0))
-
-    return sig, codegen
+popcount = _uint64_op("popcount", "Number of set bits of a uint64 (LLVM ``ctpop``).",
+                      lambda builder, x: builder.ctpop(x))
+ctz = _uint64_op("ctz", "Index of the lowest set bit of a non-zero uint64 (LLVM ``cttz``).",
+                 lambda builder, x: builder.cttz(x, ir.Constant(ir.IntType(1), 0)))
 
 
 @njit(cache=True, inline="always")

@@ -106,34 +106,29 @@ def _merge_row(heads_ptr, rst, rln, n, H, a, ost, oln, what):
     while True:
         best = -1
         bs = 0
+        e = 0
         for h in range(H):
             if pos[h] < heads_ptr[h * n + a + 1]:
                 s = rst[pos[h]]
                 if best < 0 or s < bs:
                     best = h
                     bs = s
+        if best >= 0:
+            e = bs + rln[pos[best]]
+            pos[best] += 1
+            if cur_s >= 0 and bs <= cur_e:  # extends the current run
+                cur_e = max(cur_e, e)
+                continue
+        if cur_s >= 0:  # a gap, or no runs left: the current run is complete
+            if write:
+                ost[m] = cur_s
+                oln[m] = cur_e - cur_s
+            m += 1
+            size += cur_e - cur_s
         if best < 0:
             break
-        e = bs + rln[pos[best]]
-        pos[best] += 1
-        if cur_s >= 0 and bs <= cur_e:
-            if e > cur_e:
-                cur_e = e
-        else:
-            if cur_s >= 0:
-                if write:
-                    ost[m] = cur_s
-                    oln[m] = cur_e - cur_s
-                m += 1
-                size += cur_e - cur_s
-            cur_s = bs
-            cur_e = e
-    if cur_s >= 0:
-        if write:
-            ost[m] = cur_s
-            oln[m] = cur_e - cur_s
-        m += 1
-        size += cur_e - cur_s
+        cur_s = bs
+        cur_e = e
     return size if what == 2 else m
 
 
@@ -273,6 +268,21 @@ def _bottom(bits, cnt, T, lst, m, base, rptr, rst, rln, lptr, lst_, lln_, residu
     return cnt
 
 
+@njit(cache=True, inline="always")
+def _next_layer(cur, cm, base, rptr, rst, rln, residual, seen, nxt):
+    """One BFS layer: the rows ``base + a`` of ``cur[:cm]`` (and, with the residual, each
+    ``a``), deduplicated through the bitset ``seen``, written to ``nxt``; returns their number."""
+    nm = 0
+    for u in range(cm):
+        a = cur[u]
+        for r in range(rptr[base + a], rptr[base + a + 1]):
+            nm = or_run_extract(seen, rst[r], rln[r], nxt, nm)
+        if residual and set_bit(seen, a):
+            nxt[nm] = a
+            nm += 1
+    return nm
+
+
 @njit(cache=True)
 def _expand(bits, cnt, T, lst, m, k, step_base, rptr, rst, rln, lptr, lst_, lln_, residual, D, X,
             Y):
@@ -283,14 +293,7 @@ def _expand(bits, cnt, T, lst, m, k, step_base, rptr, rst, rln, lptr, lst_, lln_
     for t in range(k - 1, 1, -1):
         base = step_base[t - 1]
         nxt = X if use_x else Y
-        nm = 0
-        for u in range(cm):
-            a = cur[u]
-            for r in range(rptr[base + a], rptr[base + a + 1]):
-                nm = or_run_extract(D, rst[r], rln[r], nxt, nm)
-            if residual and set_bit(D, a):
-                nxt[nm] = a
-                nm += 1
+        nm = _next_layer(cur, cm, base, rptr, rst, rln, residual, D, nxt)
         for u in range(nm):
             D[nxt[u] >> 6] = 0
         cur = nxt
@@ -300,15 +303,19 @@ def _expand(bits, cnt, T, lst, m, k, step_base, rptr, rst, rln, lptr, lst_, lln_
                    residual)
 
 
+@njit(cache=True, inline="always")
+def _write_word(mat, i, w, x, value):
+    """``mat[i, j] = value`` for every set bit j of word w (bits ``x``)."""
+    while x:
+        lsb = x & (~x + _ONE)
+        mat[i, (w << 6) + popcount(lsb - _ONE)] = value
+        x &= x - _ONE
+
+
 @njit(cache=True)
 def _write_bits(mat, i, bits, hw, value):
     for w in range(hw):
-        x = bits[w]
-        while x:
-            lsb = x & (~x + _ONE)
-            j = (w << 6) + popcount(lsb - _ONE)
-            mat[i, j] = value
-            x &= x - _ONE
+        _write_word(mat, i, w, bits[w], value)
 
 
 def hop_kernel(n, p, step_base, rptr, rst, rln, lptr, lst_, lln_, residual, causal, row_lo, row_hi,
@@ -405,11 +412,7 @@ def hop_kernel(n, p, step_base, rptr, rst, rln, lptr, lst_, lln_, residual, caus
                             new += popcount(x)
                             E[w] |= x
                             if want_mat:
-                                xx = x
-                                while xx:
-                                    lsb = xx & (~xx + _ONE)
-                                    mat[i, (w << 6) + popcount(lsb - _ONE)] = k
-                                    xx &= xx - _ONE
+                                _write_word(mat, i, w, x, k)
                     ec += new
                     rc = bcnt[k]
                     last = Bk
@@ -417,11 +420,7 @@ def hop_kernel(n, p, step_base, rptr, rst, rln, lptr, lst_, lln_, residual, caus
                 if residual and want_mat:
                     # new bits of this step: R now minus what E (= R before) held
                     for w in range(hw):
-                        xx = R[w] & ~E[w]
-                        while xx:
-                            lsb = xx & (~xx + _ONE)
-                            mat[i, (w << 6) + popcount(lsb - _ONE)] = k
-                            xx &= xx - _ONE
+                        _write_word(mat, i, w, R[w] & ~E[w], k)
                         E[w] = R[w]
             if residual:
                 ec = rc
@@ -476,14 +475,7 @@ def depth_kernel(n, P, step_base, rptr, rst, rln, residual, causal, nthr):
             nxt = N if use_f else F
             base = step_base[K % P]
             nv = V[(K + 1) % P]
-            nm = 0
-            for u in range(cm):
-                a = cur[u]
-                for r in range(rptr[base + a], rptr[base + a + 1]):
-                    nm = or_run_extract(nv, rst[r], rln[r], nxt, nm)
-                if residual and set_bit(nv, a):
-                    nxt[nm] = a
-                    nm += 1
+            nm = _next_layer(cur, cm, base, rptr, rst, rln, residual, nv, nxt)
             K += 1
             for u in range(nm):
                 b = nxt[u]

@@ -133,14 +133,10 @@ def verify_blocks(
     fmiss2 = targets - int(fh.sum())
     certified = miss1 == 0 and miss2 == 0 and fmiss1 == 0 and fmiss2 == 0
     return VerifyReport.from_counts(
-        hops, miss1, miss2, bad1, bad2,
-        p=p,
-        started=t0,
+        hops, miss1, miss2, bad1, bad2, p=p, n=bl.n, causal=causal, started=t0,
+        targets=targets,  # block pairs
         mode=mode,
         residual=residual,
-        n=bl.n,
-        causal=causal,
-        targets=targets,
         budgets=tuple(block_budgets(bl, p)),
         name="blocks",
         params={"block": bl.block, "nb": nb},

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..pattern import BlockLayout, Pattern
+from ._printable import Printable
 
 __all__ = ["HeadBudget", "BudgetTable", "budgets", "block_budgets", "budget_table", "PICTURE_LIMIT"]
 
@@ -34,6 +35,13 @@ class HeadBudget:
     root: float  # n^(1/p)
     max_over_root: float  # max |A_i| / n^(1/p)
     nnz_over_budget: float  # nnz / (n * n^(1/p))
+
+    @classmethod
+    def of(cls, head: str, nnz: int, max_row: int, mean_row: float, n: int, root: float) -> HeadBudget:
+        """The figures of a head with ``nnz`` entries, rows of at most ``max_row``, over n and ``n^(1/p)``."""
+        return cls(head=head, nnz=nnz, density=nnz / float(n) ** 2, max_row=max_row,
+                   mean_row=mean_row, root=root, max_over_root=float(max_row) / root,
+                   nnz_over_budget=nnz / (n * root))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -79,19 +87,7 @@ def budgets(
     names = [*pattern.head_names, "union"]
     out = []
     for name, row in zip(names, counts, strict=True):
-        nnz = int(row.sum())
-        out.append(
-            HeadBudget(
-                head=name,
-                nnz=nnz,
-                density=nnz / float(n) ** 2,
-                max_row=int(row.max()),
-                mean_row=float(np.mean(row)),
-                root=root,
-                max_over_root=float(row.max()) / root,
-                nnz_over_budget=nnz / (n * root),
-            )
-        )
+        out.append(HeadBudget.of(name, int(row.sum()), int(row.max()), float(np.mean(row)), n, root))
     return out
 
 
@@ -125,23 +121,12 @@ def block_budgets(layout: BlockLayout, p: int | None = None) -> list[HeadBudget]
         cols = np.count_nonzero(lay, axis=1).astype(np.int64) * block
         cols -= (block - sizes[-1]) * lay[:, -1]
         nnz = int(cols @ sizes)
-        out.append(
-            HeadBudget(
-                head=name,
-                nnz=nnz,
-                density=nnz / float(n) ** 2,
-                max_row=int(cols.max()),
-                mean_row=float(nnz / n),
-                root=root,
-                max_over_root=float(cols.max()) / root,
-                nnz_over_budget=nnz / (n * root),
-            )
-        )
+        out.append(HeadBudget.of(name, nnz, int(cols.max()), float(nnz / n), n, root))
     return out
 
 
 @dataclass(frozen=True)
-class BudgetTable:
+class BudgetTable(Printable):
     """A pattern's budgets per head and for the union, with a text picture for small n.
 
     Attributes
@@ -183,12 +168,8 @@ class BudgetTable:
 
         Examples
         --------
-        >>> from rich.console import Console
         >>> from sparse_patterns import make
-        >>> out = Console(width=80, color_system=None)
-        >>> with out.capture() as cap:
-        ...     out.print(budget_table(make("strided", 4, stride=2)).table())
-        >>> print(cap.get().splitlines()[0])
+        >>> print(budget_table(make("strided", 4, stride=2)).text().splitlines()[0])
         strided(stride=2, window=paper, causal=True)  n=4  heads=2
         """
         from rich.console import Group  # noqa: PLC0415

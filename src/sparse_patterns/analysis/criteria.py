@@ -48,7 +48,7 @@ from ._common import (
 from .blocks import verify_blocks
 from .budget import budgets
 from .report import Explanation, VerifyReport
-from .structured import StructuredResult, offsets_of, structured_hops
+from .structured import offsets_of, structured_hops
 
 __all__ = [
     "MODES", "METHODS", "VerifyReport", "Explanation", "verify", "explain", "hop_matrix",
@@ -152,7 +152,7 @@ def _depth(pat: Pattern, p: int, mode: str, residual: bool, parts, want: bool | 
 
 
 def _structured(pat: Pattern, p: int, mode: str, residual: bool, depth: bool | None,
-                cheap_only: bool) -> StructuredResult | None:
+                cheap_only: bool) -> VerifyReport | None:
     """The structured check of a generated pattern of a covered family, else None.
 
     With ``cheap_only`` a bidirectional offset pattern whose band of boundary
@@ -305,28 +305,13 @@ def verify(
     return report
 
 
-def _structured_report(pat: Pattern, res: StructuredResult, t0: float) -> VerifyReport:
+def _structured_report(pat: Pattern, res: VerifyReport, t0: float) -> VerifyReport:
     """The report of a structured check, with the budgets from the row counts (no CSR)."""
     bud = tuple(budgets(pat, res.p))
     if all(b.nnz == 0 for b in bud[:-1]):
         raise ValueError("pattern: every head is empty (nnz = 0); nothing to verify")
-    return VerifyReport.from_counts(
-        res.hops_histogram, res.not_in_last, res.unreachable, res.counterexample1,
-        res.counterexample2,
-        p=res.p,
-        started=t0,
-        depth=res.depth,
-        depth_checked=res.depth_checked,
-        mode=res.mode,
-        residual=res.residual,
-        n=res.n,
-        causal=res.causal,
-        targets=res.targets,
-        budgets=bud,
-        name=pat.name,
-        params=dict(pat.params),
-        method=f"structured-{res.method}",
-    )
+    return replace(res, budgets=bud, name=pat.name, params=dict(pat.params),
+                   seconds=time.perf_counter() - t0)
 
 
 def _generic_report(pat: Pattern, p: int, mode: str, residual: bool, progress, depth,
@@ -339,24 +324,11 @@ def _generic_report(pat: Pattern, p: int, mode: str, residual: bool, progress, d
     rows, parts, uni = counts(pat, want_union=mode != "interleaved")
     st = steps(parts if mode == "interleaved" else [uni], p, mode, n)
     hops, miss1, miss2, bad1, bad2 = _hop_counts(st, p, residual, pat.causal, progress)
-    dep, checked = None, False
-    if miss2:
-        dep, checked = _depth(pat, p, mode, residual, parts, depth)
     return VerifyReport.from_counts(
-        hops, miss1, miss2, bad1, bad2,
-        p=p,
-        started=t0,
-        depth=dep,
-        depth_checked=checked,
-        mode=mode,
-        residual=residual,
-        n=n,
-        causal=pat.causal,
-        targets=n * (n + 1) // 2 if pat.causal else n * n,
-        budgets=tuple(budgets(pat, p, counts=rows)),
-        name=pat.name,
-        params=dict(pat.params),
-        method="generic",
+        hops, miss1, miss2, bad1, bad2, p=p, n=n, causal=pat.causal, started=t0,
+        search_depth=lambda: _depth(pat, p, mode, residual, parts, depth),
+        mode=mode, residual=residual, budgets=tuple(budgets(pat, p, counts=rows)),
+        name=pat.name, params=dict(pat.params), method="generic",
     )
 
 

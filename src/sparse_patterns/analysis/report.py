@@ -13,11 +13,13 @@ shortest path for one pair, or the reason none exists.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ._printable import Printable
 from .budget import HeadBudget
 
 __all__ = ["VerifyReport", "Explanation"]
@@ -57,7 +59,7 @@ class Explanation:
 
 
 @dataclass(frozen=True)
-class VerifyReport:
+class VerifyReport(Printable):
     """The outcome of :func:`~sparse_patterns.analysis.verify`.
 
     Attributes
@@ -144,6 +146,16 @@ class VerifyReport:
     explanation: Explanation | None = None
     method: str = "generic"
 
+    @property
+    def hops_histogram(self) -> np.ndarray:
+        """``int64 (p + 1,)``: ``hops`` as an array, entry k for hop distance k (entry 0 is 0)."""
+        return np.array([0] + [self.hops.get(k, 0) for k in range(1, self.p + 1)], np.int64)
+
+    @property
+    def max_hops(self) -> int | None:
+        """The largest hop distance ``<= p`` that occurs, or None when no pair connects."""
+        return max((k for k, v in self.hops.items() if v > 0), default=None)
+
     @classmethod
     def from_counts(
         cls,
@@ -154,9 +166,11 @@ class VerifyReport:
         bad2: tuple[int, int] | None,
         *,
         p: int,
+        n: int,
+        causal: bool,
         started: float,
-        depth: int | None = None,
-        depth_checked: bool = False,
+        targets: int | None = None,
+        search_depth: Callable[[], tuple[int | None, bool]] | None = None,
         **fields: Any,
     ) -> VerifyReport:
         """The report of a check from its raw counts (the one constructor path).
@@ -164,14 +178,18 @@ class VerifyReport:
         ``hops[k]`` counts the target pairs of hop distance k (index 0 unused),
         ``miss1``/``miss2`` the criterion 1/2 failures, ``bad1``/``bad2`` their
         smallest pairs and ``started`` the ``time.perf_counter()`` at the start.
+        ``targets`` defaults to the token pairs of n (``j <= i`` when causal).
         When criterion 2 holds the depth is the largest hop distance; else
-        ``depth`` and ``depth_checked`` are what a search found (if any).
-        ``fields`` are the remaining attributes (``mode``, ``n``, ``budgets``...).
+        ``search_depth()``, if given, returns ``(depth, depth_checked)``.
+        ``fields`` are the remaining attributes (``mode``, ``budgets``...).
         """
         c1, c2 = int(miss1) == 0, int(miss2) == 0
+        depth, depth_checked = None, False
         if c2:
             ks = [k for k in range(1, p + 1) if hops[k] > 0]
             depth, depth_checked = (max(ks) if ks else None), True
+        elif search_depth is not None:
+            depth, depth_checked = search_depth()
         return cls(
             ok=c1 and c2,
             criterion1=c1,
@@ -183,6 +201,9 @@ class VerifyReport:
             counterexample1=bad1,
             counterexample2=bad2,
             p=p,
+            n=n,
+            causal=causal,
+            targets=(n * (n + 1) // 2 if causal else n * n) if targets is None else targets,
             depth=depth,
             depth_checked=depth_checked,
             seconds=time.perf_counter() - started,
@@ -232,13 +253,9 @@ class VerifyReport:
 
         Examples
         --------
-        >>> from rich.console import Console
         >>> from sparse_patterns import make
         >>> from sparse_patterns.analysis import verify
-        >>> out = Console(width=100, color_system=None)
-        >>> with out.capture() as cap:
-        ...     out.print(verify(make("strided", 16, stride=4)).table())
-        >>> cap.get().splitlines()[-1].split("  ")[0]
+        >>> verify(make("strided", 16, stride=4)).text(100).splitlines()[-1].split("  ")[0]
         'VERIFIED'
         """
         return _report_table(self)

@@ -53,16 +53,14 @@ Every BFS step is a few shift-ORs of bitsets (an offset set is split into
 arithmetic progressions, each added by doubling: ``O(log count)`` shifts; a
 fixed head is one pass over the words), so causal strided (l = 1024) and fixed
 (l = 1024, c = 32) at n = 2^20 take well under a second in under 300 MB. The
-fields of :class:`StructuredResult` mean exactly what the same fields of
-:class:`~sparse_patterns.analysis.VerifyReport` mean (same target pairs,
-``i == j`` included).
+checks return a :class:`~sparse_patterns.analysis.VerifyReport` built by its
+one constructor path (same target pairs, ``i == j`` included; no budgets).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -70,6 +68,7 @@ import numpy as np
 from .._validate import check_bool, check_choice, check_int
 from ..pattern import MODES, Pattern
 from ._structured_numba import DEPTH, TALLY, offset_sets, run, runs_of
+from .report import VerifyReport
 
 __all__ = ["StructuredResult", "offset_hops", "fixed_hops", "offsets_of", "structured_hops"]
 
@@ -77,63 +76,8 @@ __all__ = ["StructuredResult", "offset_hops", "fixed_hops", "offsets_of", "struc
 DEPTH_BUDGET = 2e9
 
 
-@dataclass(frozen=True, eq=False)
-class StructuredResult:
-    """What :func:`offset_hops` and :func:`fixed_hops` find; fields as in ``VerifyReport``.
-
-    Attributes
-    ----------
-    ok, criterion1, criterion2 : bool
-        Both criteria; every target pair in ``R_p``; every target pair with a hop distance ``<= p``.
-    hops_histogram : numpy.ndarray
-        ``int64 (p + 1,)``: entry k counts the target pairs whose hop distance is k (entry 0 is 0).
-    unreachable, not_in_last : int
-        Target pairs breaking criterion 2, respectively criterion 1.
-    max_hops : int or None
-        Largest hop distance ``<= p`` that occurs.
-    counterexample, counterexample1, counterexample2 : tuple of int, or None
-        Smallest ``(i, j)`` breaking criterion 2 (else 1), criterion 1, criterion 2.
-    depth : int or None
-        Steps full connectivity needs (heads repeating with period p in interleaved mode).
-    depth_checked : bool
-        Whether ``depth`` is known.
-    p, mode, residual, n, causal, targets
-        What was checked; targets are the pairs ``j <= i`` (causal, i == j included) or all ``n * n``.
-    method : {"offsets", "periodic"}
-        Which structure decided it.
-    seconds : float
-        Wall time.
-    """
-
-    ok: bool
-    criterion1: bool
-    criterion2: bool
-    hops_histogram: np.ndarray
-    unreachable: int
-    not_in_last: int
-    max_hops: int | None
-    counterexample: tuple[int, int] | None
-    counterexample1: tuple[int, int] | None
-    counterexample2: tuple[int, int] | None
-    depth: int | None
-    depth_checked: bool
-    p: int
-    mode: str
-    residual: bool
-    n: int
-    causal: bool
-    targets: int
-    method: str
-    seconds: float = 0.0
-
-    @property
-    def hops(self) -> dict[int, int]:
-        """``k -> pairs at hop distance k`` for k = 1..p, as ``VerifyReport.hops``."""
-        return {k: int(self.hops_histogram[k]) for k in range(1, self.p + 1)}
-
-
-
-# ------------------------------------------------------------------------- input
+#: What the structured checks return: a :class:`VerifyReport` (no budgets, name ``"custom"``).
+StructuredResult = VerifyReport
 
 
 def _progressions(sets: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -163,22 +107,11 @@ def _first_pair(cands: list[tuple[int, int]]) -> tuple[int, int] | None:
 
 
 def _result(n, p, mode, residual, causal, hist, miss1, miss2, ce1, ce2, depth_fn, method, t0):
-    c1, c2 = miss1 == 0, miss2 == 0
-    ks = [k for k in range(1, p + 1) if hist[k] > 0]
-    mx = max(ks) if ks else None
-    if c2:
-        dep, checked = mx, True
-    else:
-        dep, checked = depth_fn()
-    hist = np.asarray(hist, np.int64)
-    hist.setflags(write=False)
-    return StructuredResult(
-        ok=c1 and c2, criterion1=c1, criterion2=c2, hops_histogram=hist, unreachable=int(miss2),
-        not_in_last=int(miss1), max_hops=mx, counterexample=ce2 if ce2 is not None else ce1,
-        counterexample1=ce1, counterexample2=ce2, depth=dep, depth_checked=checked, p=p,
-        mode=mode, residual=residual, n=n, causal=causal,
-        targets=n * (n + 1) // 2 if causal else n * n, method=method,
-        seconds=time.perf_counter() - t0,
+    """The report of the counts; ``depth_fn()`` searches the depth when criterion 2 fails."""
+    return VerifyReport.from_counts(
+        np.asarray(hist, np.int64), miss1, miss2, ce1, ce2, p=p, n=n, causal=causal, started=t0,
+        search_depth=depth_fn, mode=mode, residual=residual, budgets=(),
+        method=f"structured-{method}",
     )
 
 
@@ -238,7 +171,7 @@ def offset_hops(
     residual: bool = True,
     causal: bool = True,
     depth: bool | None = None,
-) -> StructuredResult:
+) -> VerifyReport:
     """Exact criteria and hop histogram of translation-invariant heads, from their offsets.
 
     Head m is ``A_i = {i - d : d in offsets[m]} ∩ [0, n)`` (and ``j <= i``, i.e.
@@ -263,8 +196,8 @@ def offset_hops(
 
     Returns
     -------
-    StructuredResult
-        ``method="offsets"``.
+    VerifyReport
+        ``method="structured-offsets"``, no ``budgets``.
 
     Raises
     ------
@@ -276,7 +209,7 @@ def offset_hops(
     >>> import numpy as np
     >>> r = offset_hops(16, [np.arange(5), np.arange(0, 16, 4)])  # strided(16, stride=4)
     >>> r.ok, r.hops, r.method
-    (True, {1: 70, 2: 66}, 'offsets')
+    (True, {1: 70, 2: 66}, 'structured-offsets')
     >>> r = offset_hops(16, [np.arange(4)], p=2, mode="merged")  # local(16, window=3)
     >>> r.ok, r.counterexample, r.depth
     (False, (7, 0), 5)
@@ -381,7 +314,7 @@ def fixed_hops(
     mode: str = "interleaved",
     residual: bool = True,
     depth: bool | None = None,
-) -> StructuredResult:
+) -> VerifyReport:
     """Exact criteria and hop histogram of ``fixed(n, stride, c, summary_heads, causal)``.
 
     The heads are those of :func:`sparse_patterns.patterns.fixed.fixed` (``A1``,
@@ -400,8 +333,8 @@ def fixed_hops(
 
     Returns
     -------
-    StructuredResult
-        ``method="periodic"``.
+    VerifyReport
+        ``method="structured-periodic"``, no ``budgets``.
 
     Raises
     ------
@@ -412,7 +345,7 @@ def fixed_hops(
     --------
     >>> r = fixed_hops(16, 4, c=1)
     >>> r.ok, r.hops, r.method
-    (True, {1: 40, 2: 96}, 'periodic')
+    (True, {1: 40, 2: 96}, 'structured-periodic')
     >>> r = fixed_hops(16, 4, c=1, residual=False)  # (0, 0): no summary position <= 0
     >>> r.criterion1, r.criterion2, r.counterexample
     (False, True, (0, 0))
@@ -521,7 +454,7 @@ def structured_hops(
     mode: str = "interleaved",
     residual: bool = True,
     depth: bool | None = None,
-) -> StructuredResult | None:
+) -> VerifyReport | None:
     """The structured check of a generated pattern whose family has one, else None.
 
     Strided, local and dilated go to :func:`offset_hops`, fixed to

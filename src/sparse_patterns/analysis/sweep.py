@@ -17,12 +17,13 @@ import numpy as np
 
 from .._validate import check_int
 from ..patterns import registry
+from ._printable import Printable
 
 __all__ = ["ScalingTable", "scaling"]
 
 
 @dataclass(frozen=True)
-class ScalingTable:
+class ScalingTable(Printable):
     """``|A_i|`` figures of one pattern family over a sweep of n.
 
     Attributes
@@ -86,11 +87,7 @@ class ScalingTable:
 
         Examples
         --------
-        >>> from rich.console import Console
-        >>> out = Console(width=100, color_system=None)
-        >>> with out.capture() as cap:
-        ...     out.print(scaling("strided", [16, 64], stride="sqrt").table())
-        >>> cap.get().splitlines()[-1].split(";")[0]
+        >>> scaling("strided", [16, 64], stride="sqrt").text(100).splitlines()[-1].split(";")[0]
         'fitted exponent of max |A_i|: 0.550  (mean |A_i|: 0.555)'
         """
         from rich.console import Group  # noqa: PLC0415

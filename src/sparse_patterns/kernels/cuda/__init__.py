@@ -21,6 +21,8 @@ on the GPU), ``_ptx`` (:func:`ptx`, compilation without a GPU).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -65,14 +67,35 @@ def _checked(arrays: dict[str, Any], plan: ExecutionPlan, scale: Any) -> tuple[L
     return Launch(x), (np.float64(sc) if x.fp64 else np.float32(sc))
 
 
-def _launches(plan: ExecutionPlan, H: int):
-    """(piece p, group g, heads of the group Hg) for every piece with heads to run."""
-    G = plan.num_groups
+def _prepare(plan: ExecutionPlan, args: Launch) -> tuple[Any, Any, Any, int]:
+    """The kernels compiled for the inputs, the plan on their device, the stream, and the
+    number of 128-thread blocks of the row-wise init kernels."""
+    B, H, n, d = args.shape
+    block = plan.block
+    K = kernels(block, d, _sub_tile(block, d, args.np_dtype.itemsize), args.fp64)
+    return K, device_plan(plan, args.device_key), args.stream, (B * H * n + 127) // 128
+
+
+def _launches(plan: ExecutionPlan, shape: tuple[int, ...]):
+    """``(grid, (p, g, G, Hg, nb))`` for every piece p with heads to run: the number of thread
+    blocks and the piece arguments every per-piece kernel takes (group g of G, Hg heads)."""
+    B, H = shape[0], shape[1]
+    G, nb = plan.num_groups, plan.nb
     for p in range(plan.num_pieces):
         g = int(plan.piece_group[p])
         Hg = len(range(g, H, G))
         if Hg:
-            yield p, g, Hg
+            yield nb * B * Hg, (p, g, G, Hg, nb)
+
+
+@contextmanager
+def _first_compile() -> Iterator[None]:
+    """Turn a missing toolkit (found when the first launch compiles) into CudaUnavailableError."""
+    try:
+        yield
+    except Exception as e:
+        raise_if_toolkit_missing(e, "impl='cuda'")
+        raise
 
 
 # --------------------------------------------------------------------- entry points
@@ -121,31 +144,21 @@ def forward(q: Any, k: Any, v: Any, plan: ExecutionPlan, *,
     args, sc = _checked({"q": q, "k": k, "v": v}, plan, scale)
     B, H, n, d = args.shape
     with args.sync_device():
-        qd, kd, vd = args.dev["q"], args.dev["k"], args.dev["v"]
+        a = args.dev
         out_t, out = args.empty((B, H, n, d))
         lse_t, lse = args.empty((B, H, n))
-        try:
-            _run_forward(qd, kd, vd, out, lse, plan, sc, args)
-        except Exception as e:  # the first launch compiles: the toolkit is looked up then
-            raise_if_toolkit_missing(e, "impl='cuda'")
-            raise
+        with _first_compile():
+            _run_forward(a["q"], a["k"], a["v"], out, lse, plan, sc, args)
     return args.result(out_t), lse_t
 
 
 def _run_forward(qd, kd, vd, out, lse, plan, scale, args) -> None:
     """Launch the forward kernels into ``out`` and ``lse`` (device arrays, compute dtype)."""
-    B, H, n, d = qd.shape
-    block = plan.block
-    K = kernels(block, d, _sub_tile(block, d, args.np_dtype.itemsize), args.fp64)
-    dp = device_plan(plan, args.device_key)
-    st = args.stream
-    rows = B * H * n
-    K.init_fwd[(rows + 127) // 128, 128, st](out, lse)
-    nb = plan.nb
-    for p, g, Hg in _launches(plan, H):
-        K.forward[nb * B * Hg, block, st](
-            qd, kd, vd, out, lse, scale, p, g, plan.num_groups, Hg, nb, dp.qperm, dp.kperm,
-            dp.tile_ptr, dp.tile_col, dp.tile_mask, dp.masks)
+    K, dp, st, inits = _prepare(plan, args)
+    K.init_fwd[inits, 128, st](out, lse)
+    for grid, piece in _launches(plan, args.shape):
+        K.forward[grid, plan.block, st](qd, kd, vd, out, lse, scale, *piece, dp.qperm, dp.kperm,
+                                        dp.tile_ptr, dp.tile_col, dp.tile_mask, dp.masks)
 
 
 def backward(q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, plan: ExecutionPlan, *,
@@ -190,32 +203,22 @@ def backward(q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, plan: ExecutionP
         a = args.dev
         grads = [args.empty((B, H, n, d)) for _ in range(3)]
         _delta_t, delta = args.empty((B, H, n))
-        try:
+        with _first_compile():
             _run_backward(a["q"], a["k"], a["v"], a["o"], a["lse"], a["do"], delta,
                           *(g[1] for g in grads), plan, sc, args)
-        except Exception as e:
-            raise_if_toolkit_missing(e, "impl='cuda'")
-            raise
     return tuple(args.result(g[0]) for g in grads)
 
 
 def _run_backward(qd, kd, vd, od, lsed, dod, delta, dq, dk, dv, plan, scale, args) -> None:
     """Launch the backward kernels into ``dq``, ``dk``, ``dv`` (device arrays, compute dtype)."""
-    B, H, n, d = qd.shape
-    block = plan.block
-    K = kernels(block, d, _sub_tile(block, d, args.np_dtype.itemsize), args.fp64)
-    dp = device_plan(plan, args.device_key)
-    st = args.stream
-    rows = B * H * n
-    K.init_bwd[(rows + 127) // 128, 128, st](od, dod, delta, dq, dk, dv)
-    nb = plan.nb
-    G = plan.num_groups
-    for p, g, Hg in _launches(plan, H):
-        K.backward_dq[nb * B * Hg, block, st](
-            qd, kd, vd, dod, lsed, delta, dq, scale, p, g, G, Hg, nb, dp.qperm, dp.kperm,
+    K, dp, st, inits = _prepare(plan, args)
+    K.init_bwd[inits, 128, st](od, dod, delta, dq, dk, dv)
+    for grid, piece in _launches(plan, args.shape):
+        K.backward_dq[grid, plan.block, st](
+            qd, kd, vd, dod, lsed, delta, dq, scale, *piece, dp.qperm, dp.kperm,
             dp.tile_ptr, dp.tile_col, dp.tile_mask, dp.masks)
-        K.backward_dkdv[nb * B * Hg, block, st](
-            qd, kd, vd, dod, lsed, delta, dk, dv, scale, p, g, G, Hg, nb, dp.qperm, dp.kperm,
+        K.backward_dkdv[grid, plan.block, st](
+            qd, kd, vd, dod, lsed, delta, dk, dv, scale, *piece, dp.qperm, dp.kperm,
             dp.tile_row, dp.tile_mask, dp.col_ptr, dp.col_tile, dp.masks)
 
 

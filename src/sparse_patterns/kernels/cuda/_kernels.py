@@ -66,8 +66,9 @@ def kernels(BLOCK: int, D: int, KS: int, fp64: bool) -> SimpleNamespace:
     global cuda
     cuda = c = load()
     dt = np.float64 if fp64 else np.float32
-    return SimpleNamespace(**_forward_kernels(c, BLOCK, D, KS, dt),
-                           **_backward_kernels(c, BLOCK, D, KS, dt))
+    dev = _device_functions(c, BLOCK, D)
+    return SimpleNamespace(**_forward_kernels(c, dev, BLOCK, D, KS, dt),
+                           **_backward_kernels(c, dev, BLOCK, D, KS, dt))
 
 
 def _constants(dt) -> tuple[Any, Any, Any, Any]:
@@ -75,9 +76,53 @@ def _constants(dt) -> tuple[Any, Any, Any, Any]:
     return dt(-np.inf), dt(0.0), dt(1.0), dt(np.nan)
 
 
-def _forward_kernels(c, BLOCK: int, D: int, KS: int, dt) -> dict[str, Any]:
+def _device_functions(c, BLOCK: int, D: int) -> SimpleNamespace:
+    """The steps the forward and backward kernels share, as device functions (inlined).
+
+    ``row_of``: the ``(b, h, i)`` row of thread ``t`` of a row-wise kernel. ``tile_of``:
+    the ``(tile, b, h)`` of this thread block in the 1-D grid of a per-piece launch.
+    ``stage``: the block's threads copy ``count`` rows ``perm[p, base + r]`` of ``x``
+    (times ``sx``) and ``y`` into the shared tiles ``xs``, ``ys``. ``mask_bit``: whether
+    column ``cc`` of a tile is in row ``r`` of its token mask (``mi < 0``: a full tile),
+    reading the row's next 32 bits into ``word`` at the first column and every 32nd.
+    """
+    jit = c.jit(device=True, inline="always")
+
+    @jit
+    def row_of(t, H, n):  # pragma: no cover - device code
+        return t // (H * n), (t // n) % H, t % n
+
+    @jit
+    def tile_of(g, G, Hg, nb):  # pragma: no cover - device code
+        bh = cuda.blockIdx.x // nb  # a 1-D grid: (b, head of the group, tile) flattened
+        return cuda.blockIdx.x % nb, bh // Hg, g + G * (bh % Hg)
+
+    @jit
+    def stage(x, y, xs, ys, sx, b, h, perm, p, base, count, tid):  # pragma: no cover
+        e = tid
+        while e < count * D:
+            rx = e // D
+            cx = e - rx * D
+            i = perm[p, base + rx]
+            xs[rx, cx] = x[b, h, i, cx] * sx
+            ys[rx, cx] = y[b, h, i, cx]
+            e += BLOCK
+
+    @jit
+    def mask_bit(masks, mi, r, cc, word):  # pragma: no cover - device code
+        if mi < 0:
+            return True, word
+        if word < 0 or (cc & 31) == 0:
+            word = masks[mi, r, cc >> 5]
+        return ((word >> (cc & 31)) & 1) != 0, word
+
+    return SimpleNamespace(row_of=row_of, tile_of=tile_of, stage=stage, mask_bit=mask_bit)
+
+
+def _forward_kernels(c, dev, BLOCK: int, D: int, KS: int, dt) -> dict[str, Any]:
     """``init_fwd`` (clear ``out`` and ``lse``) and ``forward`` (one piece, one launch)."""
     NEG, ZERO, ONE, NAN = _constants(dt)
+    row_of, tile_of, stage, mask_bit = dev.row_of, dev.tile_of, dev.stage, dev.mask_bit
 
     @c.jit
     def init_fwd(out, lse):  # pragma: no cover - device code
@@ -85,9 +130,7 @@ def _forward_kernels(c, BLOCK: int, D: int, KS: int, dt) -> dict[str, Any]:
         B, H, n, d = out.shape
         t = cuda.grid(1)
         if t < B * H * n:
-            b = t // (H * n)
-            h = (t // n) % H
-            i = t % n
+            b, h, i = row_of(t, H, n)
             lse[b, h, i] = NEG
             for x in range(D):
                 out[b, h, i, x] = ZERO
@@ -97,18 +140,14 @@ def _forward_kernels(c, BLOCK: int, D: int, KS: int, dt) -> dict[str, Any]:
                 tile_col, tile_mask, masks):  # pragma: no cover - device code
         """One block per (batch b, head h of group g, query tile I); thread r = query row."""
         B, H, n, d = q.shape
-        I = cuda.blockIdx.x % nb  # a 1-D grid: (b, head of the group, tile) flattened
-        bh = cuda.blockIdx.x // nb
-        b = bh // Hg
-        h = g + G * (bh % Hg)
+        I, b, h = tile_of(g, G, Hg, nb)
         r = cuda.threadIdx.x
         ksh = cuda.shared.array((KS, D), dt)
         vsh = cuda.shared.array((KS, D), dt)
         qv = cuda.local.array(D, dt)
         acc = cuda.local.array(D, dt)
         sc = cuda.local.array(KS, dt)
-        rows = min(BLOCK, n - I * BLOCK)
-        active = r < rows
+        active = r < min(BLOCK, n - I * BLOCK)
         i = 0
         if active:
             i = qperm[p, I * BLOCK + r]
@@ -125,25 +164,13 @@ def _forward_kernels(c, BLOCK: int, D: int, KS: int, dt) -> dict[str, Any]:
             for x0 in range(0, cols, KS):
                 nk = min(KS, cols - x0)
                 cuda.syncthreads()  # the previous sub-tile is consumed
-                e = r
-                while e < nk * D:
-                    kx = e // D
-                    cx = e - kx * D
-                    j = kperm[p, J * BLOCK + x0 + kx]
-                    ksh[kx, cx] = k[b, h, j, cx]
-                    vsh[kx, cx] = v[b, h, j, cx]
-                    e += BLOCK
+                stage(k, v, ksh, vsh, ONE, b, h, kperm, p, J * BLOCK + x0, nk, r)
                 cuda.syncthreads()
                 if active:
                     cm = m
-                    word = 0
+                    word = -1
                     for kx in range(nk):
-                        cc = x0 + kx
-                        keep = True
-                        if mi >= 0:
-                            if kx == 0 or (cc & 31) == 0:  # this row's next 32 mask bits
-                                word = masks[mi, r, cc >> 5]
-                            keep = ((word >> (cc & 31)) & 1) != 0
+                        keep, word = mask_bit(masks, mi, r, x0 + kx, word)
                         s = NEG
                         if keep:
                             s = ZERO
@@ -192,13 +219,13 @@ def _forward_kernels(c, BLOCK: int, D: int, KS: int, dt) -> dict[str, Any]:
                         out[b, h, i, x] = acc[x] * inv
                     lse[b, h, i] = lp
 
-
     return {"init_fwd": init_fwd, "forward": forward}
 
 
-def _backward_kernels(c, BLOCK: int, D: int, KS: int, dt) -> dict[str, Any]:  # noqa: C901
+def _backward_kernels(c, dev, BLOCK: int, D: int, KS: int, dt) -> dict[str, Any]:
     """``init_bwd`` (``delta``, clear the gradients), ``backward_dq`` and ``backward_dkdv``."""
-    NEG, ZERO, _ONE, _NAN = _constants(dt)
+    NEG, ZERO, ONE, _NAN = _constants(dt)
+    row_of, tile_of, stage, mask_bit = dev.row_of, dev.tile_of, dev.stage, dev.mask_bit
 
     @c.jit
     def init_bwd(o, do, delta, dq, dk, dv):  # pragma: no cover - device code
@@ -206,9 +233,7 @@ def _backward_kernels(c, BLOCK: int, D: int, KS: int, dt) -> dict[str, Any]:  # 
         B, H, n, d = o.shape
         t = cuda.grid(1)
         if t < B * H * n:
-            b = t // (H * n)
-            h = (t // n) % H
-            i = t % n
+            b, h, i = row_of(t, H, n)
             s = ZERO
             for x in range(D):
                 s += do[b, h, i, x] * o[b, h, i, x]
@@ -222,18 +247,14 @@ def _backward_kernels(c, BLOCK: int, D: int, KS: int, dt) -> dict[str, Any]:  # 
                     tile_ptr, tile_col, tile_mask, masks):  # pragma: no cover - device code
         """dq += scale * sum_j p_ij (dp_ij - delta_i) k_j over the piece; thread = query row."""
         B, H, n, d = q.shape
-        I = cuda.blockIdx.x % nb  # a 1-D grid: (b, head of the group, tile) flattened
-        bh = cuda.blockIdx.x // nb
-        b = bh // Hg
-        h = g + G * (bh % Hg)
+        I, b, h = tile_of(g, G, Hg, nb)
         r = cuda.threadIdx.x
         ksh = cuda.shared.array((KS, D), dt)
         vsh = cuda.shared.array((KS, D), dt)
         qv = cuda.local.array(D, dt)
         dov = cuda.local.array(D, dt)
         acc = cuda.local.array(D, dt)
-        rows = min(BLOCK, n - I * BLOCK)
-        active = r < rows
+        active = r < min(BLOCK, n - I * BLOCK)
         i = 0
         L = NEG
         dl = ZERO
@@ -252,24 +273,12 @@ def _backward_kernels(c, BLOCK: int, D: int, KS: int, dt) -> dict[str, Any]:  # 
             for x0 in range(0, cols, KS):
                 nk = min(KS, cols - x0)
                 cuda.syncthreads()
-                e = r
-                while e < nk * D:
-                    kx = e // D
-                    cx = e - kx * D
-                    j = kperm[p, J * BLOCK + x0 + kx]
-                    ksh[kx, cx] = k[b, h, j, cx]
-                    vsh[kx, cx] = v[b, h, j, cx]
-                    e += BLOCK
+                stage(k, v, ksh, vsh, ONE, b, h, kperm, p, J * BLOCK + x0, nk, r)
                 cuda.syncthreads()
                 if active and L > NEG:
-                    word = 0
+                    word = -1
                     for kx in range(nk):
-                        cc = x0 + kx
-                        keep = True
-                        if mi >= 0:
-                            if kx == 0 or (cc & 31) == 0:
-                                word = masks[mi, r, cc >> 5]
-                            keep = ((word >> (cc & 31)) & 1) != 0
+                        keep, word = mask_bit(masks, mi, r, x0 + kx, word)
                         if keep:
                             s = ZERO
                             dp = ZERO
@@ -289,10 +298,7 @@ def _backward_kernels(c, BLOCK: int, D: int, KS: int, dt) -> dict[str, Any]:  # 
                       masks):  # pragma: no cover - device code
         """dk, dv of one key tile J over the query tiles of its column; thread = key."""
         B, H, n, d = q.shape
-        J = cuda.blockIdx.x % nb  # a 1-D grid: (b, head of the group, tile) flattened
-        bh = cuda.blockIdx.x // nb
-        b = bh // Hg
-        h = g + G * (bh % Hg)
+        J, b, h = tile_of(g, G, Hg, nb)
         cl = cuda.threadIdx.x
         qsh = cuda.shared.array((KS, D), dt)
         dosh = cuda.shared.array((KS, D), dt)
@@ -302,8 +308,7 @@ def _backward_kernels(c, BLOCK: int, D: int, KS: int, dt) -> dict[str, Any]:  # 
         vv = cuda.local.array(D, dt)
         dka = cuda.local.array(D, dt)
         dva = cuda.local.array(D, dt)
-        cols = min(BLOCK, n - J * BLOCK)
-        active = cl < cols
+        active = cl < min(BLOCK, n - J * BLOCK)
         j = 0
         if active:
             j = kperm[p, J * BLOCK + cl]
@@ -322,14 +327,7 @@ def _backward_kernels(c, BLOCK: int, D: int, KS: int, dt) -> dict[str, Any]:  # 
             for x0 in range(0, rows, KS):
                 nr = min(KS, rows - x0)
                 cuda.syncthreads()
-                e = cl
-                while e < nr * D:
-                    rx = e // D
-                    cx = e - rx * D
-                    i = qperm[p, I * BLOCK + x0 + rx]
-                    qsh[rx, cx] = q[b, h, i, cx] * scale
-                    dosh[rx, cx] = do[b, h, i, cx]
-                    e += BLOCK
+                stage(q, do, qsh, dosh, scale, b, h, qperm, p, I * BLOCK + x0, nr, cl)
                 if cl < nr:
                     i = qperm[p, I * BLOCK + x0 + cl]
                     lsh[cl] = lse[b, h, i]
