@@ -173,3 +173,54 @@ def test_bad_arguments(kwargs, match):
 def test_bad_pattern():
     with pytest.raises(ValueError, match="pattern"):
         plan(np.ones((4, 4)))
+
+
+def _plan_arrays(pl: ExecutionPlan) -> dict:
+    names = ("piece_group", "qperm", "kperm", "tile_ptr", "tile_col", "tile_mask", "masks",
+             "useful_pairs", "computed_pairs")
+    return {k: getattr(pl, k) for k in names} | {"kind": pl.piece_kind}
+
+
+@pytest.mark.parametrize("mode", ["multihead", "merged"])
+@pytest.mark.parametrize(
+    "name, n, params",
+    [
+        ("strided", 300, {"stride": 17}),
+        ("fixed", 257, {"stride": 16, "c": 3, "summary_heads": 2}),
+        ("bigbird", 200, {"block": 8, "seed": 3}),
+        ("local2d", 144, {}),
+    ],
+)
+def test_tiny_chunks_give_the_plan_of_one_chunk(monkeypatch, name, n, params, mode):
+    from sparse_patterns.kernels import planning
+
+    pat = sps.make(name, n, **params)
+    monkeypatch.setattr(planning, "CHUNK_ROWS", n)
+    whole = _plan_arrays(plan(pat, block=8, mode=mode, cache=False))
+    for rows in (1, 8, 24):  # rounded up to whole query blocks of 8
+        monkeypatch.setattr(planning, "CHUNK_ROWS", rows)
+        got = _plan_arrays(plan(pat, block=8, mode=mode, cache=False))
+        for k, v in whole.items():
+            assert np.array_equal(got[k], v) if k != "kind" else got[k] == v, k
+    # a user layout (no rule: rows sliced from its CSR) streams the same way
+    user = Pattern(list(pat.heads), name="custom")
+    got = _plan_arrays(plan(user, block=8, mode=mode, cache=False))
+    assert all(np.array_equal(got[k], v) if k != "kind" else got[k] == v for k, v in whole.items())
+
+
+@pytest.mark.parametrize("mode", ["multihead", "merged"])
+@pytest.mark.parametrize(
+    "name, n, params, kinds",
+    [
+        ("strided", 400, {"stride": 20}, ("identity", "residue(20)")),
+        ("fixed", 390, {"stride": 30, "c": 4}, None),
+    ],
+)
+def test_orders_chosen_on_sampled_blocks_stay_exact(monkeypatch, name, n, params, kinds, mode):
+    """With fewer sampled query blocks than the plan has, the plan is still exact."""
+    from sparse_patterns.kernels import planning
+
+    monkeypatch.setattr(planning, "SAMPLE_BLOCKS", 3)
+    pl = check_exact(sps.make(name, n, **params), mode, 8)
+    if kinds is not None:
+        assert pl.piece_kind == kinds

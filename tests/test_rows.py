@@ -58,6 +58,35 @@ def test_rows_equal_the_materialized_rows(name, params, causal, data):
     assert not lazy.materialized or lazy.rule is None or lazy.rule.rows is None
 
 
+@settings(max_examples=20, deadline=None)
+@given(data=st.data())
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize(("name", "params"), FAMILIES, ids=lambda x: str(x))
+def test_rows_of_any_tokens_equal_the_materialized_rows(name, params, causal, data):
+    lazy = _generated(name, params, causal)
+    heads = _generated(name, params, causal).heads
+    i = np.array(data.draw(st.lists(st.integers(0, 48), max_size=30), label="i"), dtype=np.int64)
+    got = lazy.rows_of(i)
+    assert len(got) == len(heads) and not lazy.materialized
+    for m, h in zip(got, heads, strict=True):
+        _same(m, h[i])
+
+
+def test_rows_of_without_take_reads_runs_of_rows():
+    """A rule with row ranges only answers rows_of through runs of consecutive tokens."""
+    from sparse_patterns.pattern import PatternRule
+
+    base = make("strided", 30, stride=5)
+    rule = PatternRule(2, base.rule.build, rows=base.rule.rows)
+    pat = Pattern.from_rule(rule, 30, name="strided-rows")
+    i = np.array([3, 4, 5, 29, 0, 1, 17], dtype=np.int64)
+    for m, h in zip(pat.rows_of(i), base.heads, strict=True):
+        _same(m, h[i])
+    assert all(m.shape == (0, 30) for m in pat.rows_of(np.empty(0, np.int64)))
+    with pytest.raises(ValueError, match="i: token indices"):
+        pat.rows_of([30])
+
+
 @pytest.mark.parametrize(("name", "params"), FAMILIES, ids=lambda x: str(x))
 def test_counts_nnz_density_without_the_csr_equal_the_csr(name, params):
     for causal in (True, False):
