@@ -34,97 +34,116 @@ def gcd_of_offsets(indptr, indices, rows):  # pragma: no cover - compiled
     return g
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _lower(a, lo, hi, x):  # pragma: no cover - compiled
+    """First position in ``a[lo:hi]`` (sorted) holding a value ``>= x`` (``hi``: none)."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if a[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 @numba.njit(cache=True, nogil=True)
 def piece_rows(ptrs, idxs, member):  # pragma: no cover - compiled
     """Rows of a merged piece: entries of the member heads that no earlier head holds.
 
-    ``ptrs`` and ``idxs`` are tuples of the heads' CSR ``indptr`` and ``indices``
-    (sorted columns), one row per query. An entry ``j`` of a member head ``h``
-    belongs to the piece when no head ``h2 < h`` holds ``j`` in that row, so the
-    pieces of one merged softmax are disjoint and cover the union. Each earlier
-    head is searched from a cursor that only moves forward, in O(1) when its row
-    lies wholly before or after ``j``. Rows come out sorted.
+    ``ptrs`` and ``idxs`` are tuples of the heads' CSR ``indptr`` (int64) and
+    ``indices`` (sorted columns), one row per query. An entry ``j`` of a member
+    head ``h`` belongs to the piece when no head ``h2 < h`` holds ``j`` in that
+    row, so the pieces of one merged softmax are disjoint and cover the union.
+    Only the entries of ``h`` between the first and last column of ``h2``'s row
+    are searched (a binary search each), so a head that lies beside an earlier
+    one (a stride head beside its window, summaries beside their block) costs
+    one copy per entry. Rows come out sorted: several members' rows are placed
+    in order when their column ranges do not interleave, else merged.
     """
     H = len(ptrs)
     R = ptrs[0].size - 1
-    cap = 0
-    for h in range(H):
-        if member[h]:
-            cap += ptrs[h][R] - ptrs[h][0]
+    widest = 0
+    total = 0
+    for r in range(R):
+        w = 0
+        for h in range(H):
+            if member[h]:
+                w += ptrs[h][r + 1] - ptrs[h][r]
+        widest = max(widest, w)
+        total += w
     out_ptr = np.zeros(R + 1, np.int64)
-    out = np.empty(cap, idxs[0].dtype)
-    cur = np.empty(H, np.int64)
-    members = 0
-    for h in range(H):
-        members += 1 if member[h] else 0
+    out = np.empty(total, idxs[0].dtype)
+    tmp = np.empty(widest, idxs[0].dtype)
+    flag = np.zeros(widest, np.int64)
     seg = np.empty(H + 1, np.int64)
-    tmp = np.empty(0, idxs[0].dtype)
+    order = np.empty(H, np.int64)
+    stamp = 0
     k = 0
     for r in range(R):
-        k0 = k
         ns = 0
+        tk = 0
         for h in range(H):
             if not member[h]:
                 continue
-            seg[ns] = k
-            ns += 1
-            for h2 in range(h):
-                cur[h2] = ptrs[h2][r]
+            stamp += 1
             ind = idxs[h]
-            for e in range(ptrs[h][r], ptrs[h][r + 1]):
-                j = ind[e]
-                dup = False
-                for h2 in range(h):
-                    cat = idxs[h2]
-                    lo = cur[h2]
-                    hi = ptrs[h2][r + 1]
-                    if lo >= hi or cat[lo] > j:
-                        continue
-                    if cat[hi - 1] < j:
-                        cur[h2] = hi
-                        continue
-                    b = hi - 1  # cat[b] >= j: first position >= j in [lo, b]
-                    while lo < b:
-                        mid = (lo + b) >> 1
-                        if cat[mid] < j:
-                            lo = mid + 1
-                        else:
-                            b = mid
-                    cur[h2] = lo
-                    if cat[lo] == j:
-                        dup = True
-                        break
-                if not dup:
-                    out[k] = j
-                    k += 1
-        seg[ns] = k
-        if members > 1 and k > k0:
-            # several heads' entries, each sorted and disjoint: merge them, as CSR rows are sorted
-            if tmp.size < k - k0:
-                tmp = np.empty(2 * (k - k0), idxs[0].dtype)
-            while ns > 1:
-                a, b, c = seg[0], seg[1], seg[2]
-                x, y, t = a, b, 0
-                while x < b and y < c:
-                    if out[x] < out[y]:
-                        tmp[t] = out[x]
-                        x += 1
-                    else:
-                        tmp[t] = out[y]
-                        y += 1
-                    t += 1
-                while x < b:
-                    tmp[t] = out[x]
-                    x += 1
-                    t += 1
-                while y < c:
-                    tmp[t] = out[y]
-                    y += 1
-                    t += 1
-                out[a:c] = tmp[:t]
-                for u in range(1, ns):
-                    seg[u] = seg[u + 1]
-                ns -= 1
+            lo_e, hi_e = ptrs[h][r], ptrs[h][r + 1]
+            flagged = False
+            for h2 in range(h):
+                cat = idxs[h2]
+                a2, b2 = ptrs[h2][r], ptrs[h2][r + 1]
+                if a2 == b2:
+                    continue
+                s0 = _lower(ind, lo_e, hi_e, cat[a2])
+                s1 = _lower(ind, s0, hi_e, cat[b2 - 1] + 1)
+                p = a2
+                for e in range(s0, s1):
+                    p = _lower(cat, p, b2, ind[e])
+                    if p < b2 and cat[p] == ind[e]:
+                        flag[e - lo_e] = stamp
+                        flagged = True
+            seg[ns] = tk
+            if flagged:
+                for e in range(lo_e, hi_e):
+                    if flag[e - lo_e] != stamp:
+                        tmp[tk] = ind[e]
+                        tk += 1
+            else:
+                tmp[tk : tk + hi_e - lo_e] = ind[lo_e:hi_e]
+                tk += hi_e - lo_e
+            if seg[ns] < tk:
+                ns += 1
+        seg[ns] = tk
+        # place the segments (each sorted, disjoint) in column order
+        for u in range(ns):
+            order[u] = u
+        for u in range(1, ns):  # insertion sort of the few segments by first column
+            v = order[u]
+            w = u - 1
+            while w >= 0 and tmp[seg[order[w]]] > tmp[seg[v]]:
+                order[w + 1] = order[w]
+                w -= 1
+            order[w + 1] = v
+        apart = True
+        for u in range(1, ns):
+            if tmp[seg[order[u - 1] + 1] - 1] > tmp[seg[order[u]]]:
+                apart = False
+        if apart:
+            for u in range(ns):
+                a, b = seg[order[u]], seg[order[u] + 1]
+                out[k : k + b - a] = tmp[a:b]
+                k += b - a
+        else:
+            # interleaved columns: merge the segments into out, one column at a time
+            cur = seg[:ns].copy()
+            for _ in range(tk):
+                best = -1
+                for u in range(ns):
+                    if cur[u] < seg[u + 1] and (best < 0 or tmp[cur[u]] < tmp[cur[best]]):
+                        best = u
+                out[k] = tmp[cur[best]]
+                cur[best] += 1
+                k += 1
         out_ptr[r + 1] = k
     return out_ptr, out[:k]
 
