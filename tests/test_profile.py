@@ -217,8 +217,8 @@ def test_flex_block_mask_from_the_csr_is_exact(mode, name, params):
     with warnings.catch_warnings():  # eager flex_attention warns (once) that it is not compiled
         warnings.simplefilter("ignore", UserWarning)
         out = fa.flex_attention(q, k, v, block_mask=bm, scale=0.5).numpy()
-    groups = prof._groups(pat, mode)
     rows = np.arange(40)
+    groups = prof._check_groups(pat, mode, rows)
     ref = prof._oracle_rows(q.numpy(), k.numpy(), v.numpy(), groups, rows, 0.5)
     np.testing.assert_allclose(out, ref, atol=1e-5)
 

@@ -45,49 +45,47 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .pattern import MODES, BlockLayout, Mode, Pattern, PatternRule
-from .patterns import REGISTRY, make
-from .patterns.axial import axial2d
-from .patterns.bigbird import bigbird
-from .patterns.factorized import factorized
-from .patterns.fixed import fixed
-from .patterns.full import full
-from .patterns.local import dilated, local, local2d
-from .patterns.longformer import longformer
-from .patterns.strided import strided
-
 __version__ = "0.1.0"
 
-# Heavier pieces (numba kernels, torch, matplotlib) load on first use.
+#: Public names and the module each comes from, imported on first access, so that
+#: ``import sparse_patterns`` (and the ``patterns`` command's ``--help``) loads
+#: neither NumPy nor SciPy until a name is used.
 _LAZY = {
-    "verify": "sparse_patterns.analysis",
-    "explain": "sparse_patterns.analysis",
-    "scaling": "sparse_patterns.analysis",
-    "VerifyReport": "sparse_patterns.analysis",
-    "attention": "sparse_patterns.kernels",
-    "plan": "sparse_patterns.kernels",
+    **dict.fromkeys(("Pattern", "BlockLayout", "PatternRule", "Mode", "MODES"),
+                    "sparse_patterns.pattern"),
+    **dict.fromkeys(("REGISTRY", "make"), "sparse_patterns.patterns"),
+    "full": "sparse_patterns.patterns.full",
+    "strided": "sparse_patterns.patterns.strided",
+    "fixed": "sparse_patterns.patterns.fixed",
+    **dict.fromkeys(("local", "dilated", "local2d"), "sparse_patterns.patterns.local"),
+    "axial2d": "sparse_patterns.patterns.axial",
+    "factorized": "sparse_patterns.patterns.factorized",
+    "longformer": "sparse_patterns.patterns.longformer",
+    "bigbird": "sparse_patterns.patterns.bigbird",
+    # heavier pieces (numba kernels, torch, matplotlib)
+    **dict.fromkeys(("verify", "explain", "scaling", "VerifyReport"), "sparse_patterns.analysis"),
+    **dict.fromkeys(("attention", "plan"), "sparse_patterns.kernels"),
     "profile": "sparse_patterns.profiling",
-    "save": "sparse_patterns.export",
-    "load": "sparse_patterns.export",
+    **dict.fromkeys(("save", "load"), "sparse_patterns.export"),
 }
 
 #: Subpackages, imported on first attribute access (``sps.export.save``, ``sps.render``).
 _SUBPACKAGES = ("analysis", "kernels", "export", "render", "profiling", "testing", "torch")
+#: Modules that resolve as attributes too (``sps.config.set_memory_limit``).
+_MODULES = ("config", "layout", "pattern", "patterns")
 
-__all__ = [
-    "Pattern", "BlockLayout", "PatternRule", "Mode", "MODES", "REGISTRY", "make",
-    "full", "strided", "fixed", "local", "dilated", "local2d", "axial2d", "factorized",
-    "longformer", "bigbird", *_LAZY,
-]
+__all__ = list(_LAZY)
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    if name in _SUBPACKAGES:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # the next access is a plain attribute
+        return value
+    if name in _SUBPACKAGES or name in _MODULES:
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'sparse_patterns' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__, *_SUBPACKAGES})
+    return sorted({*globals(), *__all__, *_SUBPACKAGES, *_MODULES})

@@ -12,21 +12,21 @@ that need them, so ``patterns --help`` and ``patterns list`` stay fast.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperCommand
 
-from ._validate import check_int
-from .export.formats import FORMATS, TORCH_FORMATS
-from .pattern import Pattern
-from .patterns import registry
+if TYPE_CHECKING:
+    from .pattern import Pattern
 
 __all__ = ["app", "main", "parse_params", "pattern_from_args", "parse_ns", "UsageError"]
 
@@ -50,19 +50,59 @@ _JSON = typer.Option(False, "--json", help="Print JSON.")
 PATTERN_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
+class _Lazy:
+    """A module imported on first attribute access: ``--help`` loads neither NumPy nor SciPy."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self._name), attr)
+
+
+registry = _Lazy("sparse_patterns.patterns.registry")
+
+
+def _check_int(name: str, value: Any, lo: int, hi: int) -> int:
+    from ._validate import check_int  # noqa: PLC0415
+
+    return check_int(name, value, lo, hi)
+
+
 class UsageError(ValueError):
     """Bad input detected by the CLI itself (reported like a ValueError)."""
 
 
+#: What each command can do instead when a size does not fit in memory.
+_INSTEAD = {
+    "show": "show a registered pattern by name (its |A_i| come from its rule; the picture "
+            "needs n <= 64)",
+    "verify": "verify a generated pattern by name (decided from its rule), or the block "
+              "layout with --block 128",
+    "analyze": "use smaller --n values; `patterns show NAME --n N` reads |A_i| at any n",
+    "render": "draw block densities: --view matrix --tile 1024",
+    "export": "export the recipe (--format json), which regenerates the pattern at any n",
+    "profile": "use a smaller n, --heads, --batch or --head-dim",
+}
+
+
 def cli_command(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn ``ValueError`` (bad input) into one line on stderr and exit status 2."""
+    """Turn ``ValueError`` (bad input) into one line on stderr and exit status 2.
+
+    A size that does not fit in memory (``config.MemoryLimitError``, raised before
+    allocating, or a ``MemoryError``) exits 2 too, saying what to use instead.
+    """
+    instead = _INSTEAD.get(func.__name__.removesuffix("_cmd"))
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except (ValueError, OSError) as exc:
+        except (ValueError, OSError, MemoryError) as exc:
             msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if isinstance(exc, MemoryError):
+                msg = msg if isinstance(exc, ValueError) else f"out of memory: {msg}"
+                msg += f"; from the command line: {instead}" if instead and instead not in msg else ""
             err_console.print(f"error: {msg}", highlight=False, markup=False, soft_wrap=True)
             raise typer.Exit(2) from None
 
@@ -400,7 +440,7 @@ def render_cmd(
         save_figure,  # noqa: PLC0415
     )
 
-    dpi = check_int("dpi", dpi, 10, 1200)
+    dpi = _check_int("dpi", dpi, 10, 1200)
     if gallery is not None:
         if name is not None or file is not None or ctx.args or output is not None:
             raise UsageError("gallery: --gallery DIR takes no pattern, --file or --output")
@@ -440,7 +480,7 @@ def render_cmd(
                     args += [f"--{key}", str(val)]
         pat = pattern_from_args(name, n, args, file)
         if view == "image" and position is not None:
-            position = check_int("position", position, 0, pat.n - 1)
+            position = _check_int("position", position, 0, pat.n - 1)
         fig = render_view(
             view, pat, i=position, height=height, width=width, heads=_parse_heads(heads),
             block=tile, mode=mode, residual=residual,
@@ -452,21 +492,28 @@ def render_cmd(
     console.print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KB)", highlight=False)
 
 
-_FORMAT_HELP = (
-    f"{'|'.join(TORCH_FORMATS)} (a .pt of tensors) or "
-    f"{'|'.join(name for name in FORMATS if name not in TORCH_FORMATS)}; "
-    "default: from the suffix of -o."
-)
+class _ExportCommand(TyperCommand):
+    """``patterns export``: its ``--format`` help lists the format table, read when help is shown."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        from .export.formats import FORMATS, TORCH_FORMATS  # noqa: PLC0415
+
+        files = "|".join(name for name in FORMATS if name not in TORCH_FORMATS)
+        for param in self.params:
+            if param.name == "fmt":
+                param.help = (f"{'|'.join(TORCH_FORMATS)} (a .pt of tensors) or {files}; "
+                              "default: from the suffix of -o.")
+        super().format_help(ctx, formatter)
 
 
-@app.command("export", context_settings=PATTERN_CONTEXT)
+@app.command("export", context_settings=PATTERN_CONTEXT, cls=_ExportCommand)
 @cli_command
 def export_cmd(
     ctx: typer.Context,
     name: str = _NAME,
     n: int = _N,
     file: str = typer.Option(None, "--file", help="Read the pattern from a saved file instead."),
-    fmt: str = typer.Option(None, "--format", help=_FORMAT_HELP),
+    fmt: str = typer.Option(None, "--format", help="The format; default: from the suffix of -o."),
     out: str = typer.Option(..., "-o", "--output", help="Output file."),
     block: int = typer.Option(None, "--block", help="Block size (flex 128, bsa 128, layouts 16)."),
     mode: str = typer.Option("multihead", "--mode", help="multihead (head h uses h mod p) or merged."),

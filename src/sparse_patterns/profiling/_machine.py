@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["measure", "matmul_gflops", "machine_info", "load_average"]
+__all__ = ["measure", "available_bytes", "matmul_gflops", "machine_info", "load_average"]
 
 #: The CPU kernel's module: its recycled arrays are freed before memory is measured.
 _CPU_MODULE = "sparse_patterns.kernels.cpu"
@@ -48,6 +48,33 @@ def _status_kb(key: str) -> int | None:
     except OSError:
         return None
     return None
+
+
+def available_bytes() -> int | None:
+    """Memory this process can still take: ``MemAvailable`` of ``/proc/meminfo``, less
+    where an address-space limit (``ulimit -v``) leaves less room; None where unknown.
+
+    Examples
+    --------
+    >>> avail = available_bytes()
+    >>> avail is None or avail >= 0
+    True
+    """
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    used = _status_kb("VmSize")
+    if soft != resource.RLIM_INFINITY and used is not None:
+        room = max(0, soft - used)
+        avail = room if avail is None else min(avail, room)
+    return avail
 
 
 def _reset_hwm() -> bool:

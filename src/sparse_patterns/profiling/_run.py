@@ -1,8 +1,12 @@
 """The profiler's run: :func:`profile` builds each pattern at each ``n``, plans
 it, draws one set of random ``q, k, v`` per cell, checks every runner (ours and
-the baselines) against an exact float64 oracle computed from the CSR on sampled
-query rows, and times only the runners that passed: a wrong kernel is reported
-as wrong, never as fast. The machine probes live in ``_machine``, the torch
+the baselines) against an exact float64 oracle computed from the pattern's rows
+on sampled query rows, and times only the runners that passed: a wrong kernel is
+reported as wrong, never as fast. It never builds a pattern's whole CSR: the
+oracle reads the checked rows, SDPA's dense mask is built row range by row
+range, and before anything is allocated the inputs are checked against the
+memory available and each baseline's estimated memory against
+:func:`sparse_patterns.config.get_memory_limit`. The machine probes live in ``_machine``, the torch
 baselines in ``_baselines``, the result types in ``_table``."""
 
 from __future__ import annotations
@@ -16,13 +20,14 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from .. import config
 from .._validate import check_choice, check_int
 from ..kernels import BLOCK, MODES, plan
 from ..pattern import DENSE_LIMIT, Pattern
 from ..patterns import registry
-from ._baselines import BASELINES, flex_runner, sdpa_runner
+from ._baselines import BASELINES, baseline_bytes, flex_runner, sdpa_runner
 from ._baselines import flex_block_mask as _flex_block_mask  # noqa: F401 - tests reach it here
-from ._machine import load_average, machine_info
+from ._machine import available_bytes, load_average, machine_info
 from ._machine import matmul_gflops as _matmul_gflops_n
 from ._machine import measure as _measure
 from ._table import Measurement, ProfileRow, ProfileTable
@@ -37,6 +42,7 @@ _TOL = {"float32": 2e-4, "float64": 1e-8, "float16": 1e-2, "bfloat16": 3e-2}
 _ALL_ROWS = 1024  # up to this n every query row is checked against the oracle
 _SAMPLED_ROWS = 128  # above it, this many rows (first, last and random ones)
 _MATMUL_N = 2048  # square fp32 matmul that sets the throughput reference
+_BASELINE_SECONDS = 300  # a baseline that would take longer a call is skipped
 
 
 def _matmul_gflops(torch: Any) -> tuple[float, str]:
@@ -56,8 +62,17 @@ def _to_numpy(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def _groups(pattern: Pattern, mode: str) -> list[sp.csr_matrix]:
-    return [pattern.union()] if mode == "merged" else list(pattern.heads)
+def _check_groups(pattern: Pattern, mode: str, rows: np.ndarray) -> list[sp.csr_matrix]:
+    """The ``rows`` (token indices) of the CSR each mask head uses: the union in merged
+    mode, every head in multihead mode; boolean ``(len(rows), n)`` each, row ``r`` being
+    token ``rows[r]``. Costs O(nnz of those rows), never the whole CSR."""
+    mats = list(pattern.rows_of(rows))
+    if mode != "merged" or len(mats) == 1:
+        return mats
+    union = mats[0]
+    for m in mats[1:]:
+        union = union + m
+    return [union]
 
 
 def _check_rows(n: int, rng: np.random.Generator) -> np.ndarray:
@@ -68,13 +83,14 @@ def _check_rows(n: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def _oracle_rows(q, k, v, groups, rows, scale) -> np.ndarray:
-    """Exact float64 attention of the given query rows, straight from the CSR."""
+    """Exact float64 attention of the query rows ``rows``; row ``r`` of each of
+    ``groups`` (:func:`_check_groups`) holds the keys of token ``rows[r]``."""
     B, H, _, d = q.shape
     out = np.zeros((B, H, rows.size, d))
     for h in range(H):
         g = groups[h % len(groups)]
         for r, i in enumerate(rows):
-            keys = g.indices[g.indptr[i]:g.indptr[i + 1]]
+            keys = g.indices[g.indptr[r]:g.indptr[r + 1]]
             if keys.size == 0:
                 continue
             kk = k[:, h, keys].astype(np.float64)  # (B, K, d)
@@ -119,6 +135,25 @@ def _patterns(patterns: Any, params: Mapping[str, Any]) -> list[Any]:
                 f"they take: {takes}"
             )
     return items
+
+
+def _check_inputs_fit(cells: Sequence[tuple[Any, int]], batch: int, heads: int, head_dim: int,
+                      dtype: str) -> None:
+    """Refuse (before allocating) a cell whose ``q, k, v`` and output exceed the memory available."""
+    avail = available_bytes()
+    if avail is None or not cells:
+        return
+    n = max(c[1] for c in cells)
+    size = 2 if dtype in ("float16", "bfloat16") else np.dtype(dtype).itemsize
+    one = batch * heads * n * head_dim
+    need = 4 * one * size + one * 4  # q, k, v, the output, and one float32 draw at a time
+    if need > avail:
+        raise config.MemoryLimitError(
+            f"n: profiling at n={n:,} needs {config.format_bytes(need)} for q, k, v and the "
+            f"output ({batch} x {heads} x {n:,} x {head_dim} {dtype} each), more than the "
+            f"{config.format_bytes(avail)} of memory available; use a smaller n, --heads, "
+            "--batch or --head-dim"
+        )
 
 
 def _impl_names() -> tuple[str, ...]:
@@ -206,6 +241,9 @@ def profile(
         Empty ``ns`` or ``patterns``, an unknown impl, baseline, dtype or mode, a
         parameter that applies to no pattern, or nothing left to run (no impl,
         and no baseline because torch is missing).
+    sparse_patterns.config.MemoryLimitError
+        (a ``ValueError``) before anything is allocated, when the largest cell's
+        ``q, k, v`` and output exceed the memory available.
 
     Notes
     -----
@@ -223,7 +261,11 @@ def profile(
     set's high-water mark (Linux ``VmHWM``, reset through
     ``/proc/self/clear_refs`` after ``malloc_trim``) minus the resident set
     before, or the peak of ``tracemalloc`` (NumPy's allocations) when larger.
-    It counts everything the call touches, outputs included. Its limits: pages
+    It counts everything the call touches, outputs included. A baseline whose
+    estimated memory (see ``sparse_patterns.profiling._baselines``: SDPA with a
+    mask materializes ``2 B H n^2`` scores, FlexAttention's ``BlockMask`` holds
+    ``4 G nb^2`` int32 indices) exceeds :func:`sparse_patterns.config.get_memory_limit`
+    is skipped, with a note saying so; ours still runs. Its limits: pages
     the allocator already held and reuses are not counted (the arrays that the
     CPU kernel recycles are freed before the call), other threads of the
     process count too, and where ``clear_refs`` is unavailable it falls back to
@@ -276,10 +318,11 @@ def profile(
                          + (" because torch is missing)" if torch is None else ")"))
     from ..kernels import attention  # noqa: PLC0415
 
-    machine = machine_info(torch)
-    matmul, matmul_src = _matmul_gflops(torch)
     cells = [(p, n) for p in items if isinstance(p, str) for n in ns]
     cells += [(p, p.n) for p in items if isinstance(p, Pattern)]
+    _check_inputs_fit(cells, batch, heads, head_dim, dtype)
+    machine = machine_info(torch)
+    matmul, matmul_src = _matmul_gflops(torch)
     runners = [(r, "impl") for r in impls] + [(b, "baseline") for b in baselines]
     total = len(cells) * (len(runners) + 1)
     done = 0
@@ -306,20 +349,20 @@ def profile(
         pl = plan(pat, block=block, mode=mode)
         plan_s = time.perf_counter() - t0
         useful, computed = pl.flops(batch, heads, head_dim)
-        groups = _groups(pat, mode)
         rng = np.random.default_rng(seed)
-        x32 = [rng.standard_normal((batch, heads, n, head_dim), dtype=np.float32) for _ in range(3)]
+        shape = (batch, heads, n, head_dim)
         if dtype == "bfloat16":
-            ours = [torch.from_numpy(a).to(torch.bfloat16) for a in x32]
+            ours = [torch.from_numpy(rng.standard_normal(shape, dtype=np.float32)).to(torch.bfloat16)
+                    for _ in range(3)]
             exact = [t.float().numpy() for t in ours]  # the rounded values, for the oracle
             tin = ours
-        else:
-            ours = [a.astype(dtype, copy=False) for a in x32]
+        else:  # one float32 draw at a time: the same values as before, less memory
+            ours = [rng.standard_normal(shape, dtype=np.float32).astype(dtype, copy=False)
+                    for _ in range(3)]
             exact = ours
             tin = [torch.from_numpy(a) for a in ours] if torch is not None else None
-        del x32
         check_rows = _check_rows(n, rng)
-        oracle = _oracle_rows(*exact, groups, check_rows, scale)
+        oracle = _oracle_rows(*exact, _check_groups(pat, mode, check_rows), check_rows, scale)
         rows_note = (f"all {n:,} rows" if check_rows.size == n
                      else f"{check_rows.size} of {n:,} rows")
         tick(f"{label}: oracle", 1)
@@ -339,9 +382,12 @@ def profile(
                         return attention(q_, k_, v_, pat, mode=mode, impl=name, scale=scale,
                                          block=block)
                     same = True
+                elif (need := _baseline_too_big(name, pat, mode, batch, heads, head_dim, dtype,
+                                                computed, matmul)) is not None:
+                    fn, same, st["note"] = None, False, need
                 elif name == "sdpa":
-                    fn, same, st["note"] = sdpa_runner(torch, pat, groups, heads, scale, *tin,
-                                                          dense_limit=DENSE_LIMIT)
+                    fn, same, st["note"] = sdpa_runner(torch, pat, mode, heads, scale, *tin,
+                                                       dense_limit=DENSE_LIMIT)
                 else:
                     fn, same, st["note"] = flex_runner(torch, pat, mode, heads, scale, *tin)
                 if fn is None:
@@ -388,6 +434,7 @@ def profile(
                 notes.append(f"{label}: {name} is WRONG ({st['note']}); it was not timed")
         for st in state.values():
             st.pop("out", None)
+        out = None  # the last checked output: not held while the clock runs
 
         # Phase 2: the clock, only for runners that passed their check.
         meas = []
@@ -424,6 +471,30 @@ def profile(
     return ProfileTable(rows, impls=impls, baselines=baselines, settings=settings,
                         machine=machine, matmul_gflops=matmul, matmul_source=matmul_src,
                         notes=notes)
+
+
+def _baseline_too_big(name: str, pattern: Pattern, mode: str, batch: int, heads: int,
+                      head_dim: int, dtype: str, computed: float, matmul: float) -> str | None:
+    """The note of a baseline skipped because it would not fit the memory limit, or
+    would take more than :data:`_BASELINE_SECONDS` a call, else None.
+
+    The time is a lower bound: the FLOPs it must do (SDPA: every pair, or the causal
+    half; FlexAttention: at least the FLOPs our plan computes) at the matmul rate.
+    """
+    size = 2 if dtype in ("float16", "bfloat16") else np.dtype(dtype).itemsize
+    need, what = baseline_bytes(name, pattern, mode, batch, heads, head_dim, size)
+    limit = config.get_memory_limit()
+    if need > limit:
+        return (f"skipped: would need about {config.format_bytes(need)} ({what}), above the "
+                f"memory limit of {config.format_bytes(limit)}")
+    n = pattern.n
+    pairs = n * (n + 1) / 2 if pattern.causal else float(n) * n
+    flops = computed if name == "flex" else 4.0 * head_dim * batch * heads * pairs
+    seconds = flops / (matmul * 1e9) if matmul > 0 else 0.0
+    if seconds > _BASELINE_SECONDS:
+        return (f"skipped: would take at least {seconds:,.0f} s a call ({flops / 1e12:,.1f} TFLOP "
+                f"at the matmul rate of {matmul:.0f} GFLOP/s), above {_BASELINE_SECONDS} s")
+    return None
 
 
 def _join(a: str, b: str) -> str:
