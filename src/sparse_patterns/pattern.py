@@ -11,8 +11,7 @@ Both types are immutable and validate in their constructors (``ValueError``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from enum import Enum
 from types import MappingProxyType
 from typing import Any
@@ -22,6 +21,7 @@ import scipy.sparse as sp
 
 from . import config
 from ._csr import check_csr, freeze, union_rows, upper_entry
+from ._rule import CHUNK_ENTRIES, PatternRule, csr_bytes
 from .layout import BlockLayout, check_block
 
 __all__ = [
@@ -56,69 +56,6 @@ class Mode(str, Enum):
 MODES: tuple[str, ...] = tuple(m.value for m in Mode)
 #: The modes a kernel or an export executes (one softmax per head, or over the union).
 KERNEL_MODES: tuple[str, ...] = (Mode.MULTIHEAD.value, Mode.MERGED.value)
-
-
-@dataclass(frozen=True)
-class PatternRule:
-    """The rule a generator gives a :class:`Pattern`, so consumers need not build its CSR.
-
-    Parameters
-    ----------
-    num_heads : int
-        Number of heads the rule builds.
-    build : callable
-        ``build() -> sequence of csr_matrix``: every head, canonical bool CSR.
-    blocks : callable, optional
-        ``blocks(block) -> BlockLayout`` in closed form, without the CSR, so
-        that block layouts of very long sequences stay cheap.
-    rows : callable, optional
-        ``rows(start, stop) -> sequence of csr_matrix``: the rows
-        ``start .. stop-1`` of every head, each ``(stop - start, n)``, canonical
-        bool CSR, in O(nnz of those rows). Without it, row ranges slice the
-        whole CSR (built once, under the memory limit).
-    counts : callable, optional
-        ``counts() -> int64 (num_heads, n)``: ``|A_i|`` of every head in closed
-        form, so ``nnz``, ``head_nnz`` and the memory guard need no CSR.
-    union_counts : callable, optional
-        ``union_counts() -> int64 (n,)``: ``|S_i|`` of the union of the heads in
-        closed form, so ``nnz``, ``density`` and ``row_counts`` need no pass
-        over the rows. Without it, the union is streamed row range by row range.
-    take : callable, optional
-        ``take(i) -> sequence of csr_matrix``: the rows ``i`` (int64 token
-        indices, any order) of every head, each ``(i.size, n)``, as ``rows``
-        does for a range; planners read permuted query blocks through it.
-
-    Examples
-    --------
-    >>> import scipy.sparse as sp
-    >>> rule = PatternRule(1, lambda: [sp.identity(4, dtype=bool, format="csr")])
-    >>> Pattern.from_rule(rule, 4, name="diagonal").nnz
-    4
-    """
-
-    num_heads: int
-    build: Callable[[], Sequence[sp.csr_matrix]]
-    blocks: Callable[[int], BlockLayout] | None = None
-    rows: Callable[[int, int], Sequence[sp.csr_matrix]] | None = None
-    counts: Callable[[], np.ndarray] | None = None
-    union_counts: Callable[[], np.ndarray] | None = None
-    take: Callable[[np.ndarray], Sequence[sp.csr_matrix]] | None = None
-
-
-#: Entries of one chunk of rows that streaming consumers read at a time (about 40 MB of CSR).
-CHUNK_ENTRIES = 1 << 23
-
-
-def csr_bytes(n_rows: int, nnz: int) -> int:
-    """Bytes of a boolean CSR with ``n_rows`` rows and ``nnz`` entries (int32 or int64 indices).
-
-    Examples
-    --------
-    >>> csr_bytes(4, 10)
-    70
-    """
-    idx = 4 if max(n_rows, nnz) < 2**31 - 1 else 8
-    return nnz * (idx + 1) + (n_rows + 1) * idx
 
 
 class Pattern:
@@ -581,8 +518,19 @@ class Pattern:
         >>> bl = make("strided", 16, stride=4).to_blocks(4)
         >>> bl.layout.shape
         (2, 4, 4)
+
+        Raises ``MemoryLimitError`` when the dense ``(p, nb, nb)`` layout (and the
+        closed forms' ``(nb, nb)`` temporaries) would exceed the memory limit.
         """
         block = check_block(block)
+        nb = -(-self._n // block)
+        need = nb * nb * (2 * self.num_heads + 16)  # layout + full, two int64 tile distances
+        if need > config.get_memory_limit():
+            raise config.MemoryLimitError(
+                f"block: a layout of {self._name} at n={self._n:,} with block={block} has "
+                f"{nb:,} x {nb:,} tiles and needs {config.format_bytes(need)}, above the memory "
+                f"limit of {config.format_bytes(config.get_memory_limit())}; use a larger block"
+            )
         if self._rule is not None and self._rule.blocks is not None:  # closed form, no CSR
             return self._rule.blocks(block)
         return BlockLayout.from_pattern(self, block)

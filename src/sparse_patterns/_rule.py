@@ -1,0 +1,83 @@
+"""What a generator gives a :class:`~sparse_patterns.pattern.Pattern`: its rule, so that
+consumers read row ranges and closed-form counts instead of the whole CSR.
+
+Re-exported by :mod:`sparse_patterns.pattern`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import scipy.sparse as sp
+
+if TYPE_CHECKING:
+    from .layout import BlockLayout
+
+__all__ = ["PatternRule", "CHUNK_ENTRIES", "csr_bytes"]
+
+
+@dataclass(frozen=True)
+class PatternRule:
+    """The rule a generator gives a :class:`Pattern`, so consumers need not build its CSR.
+
+    Parameters
+    ----------
+    num_heads : int
+        Number of heads the rule builds.
+    build : callable
+        ``build() -> sequence of csr_matrix``: every head, canonical bool CSR.
+    blocks : callable, optional
+        ``blocks(block) -> BlockLayout`` in closed form, without the CSR, so
+        that block layouts of very long sequences stay cheap.
+    rows : callable, optional
+        ``rows(start, stop) -> sequence of csr_matrix``: the rows
+        ``start .. stop-1`` of every head, each ``(stop - start, n)``, canonical
+        bool CSR, in O(nnz of those rows). Without it, row ranges slice the
+        whole CSR (built once, under the memory limit).
+    counts : callable, optional
+        ``counts() -> int64 (num_heads, n)``: ``|A_i|`` of every head in closed
+        form, so ``nnz``, ``head_nnz`` and the memory guard need no CSR.
+    union_counts : callable, optional
+        ``union_counts() -> int64 (n,)``: ``|S_i|`` of the union of the heads in
+        closed form, so ``nnz``, ``density`` and ``row_counts`` need no pass
+        over the rows. Without it, the union is streamed row range by row range.
+    take : callable, optional
+        ``take(i) -> sequence of csr_matrix``: the rows ``i`` (int64 token
+        indices, any order) of every head, each ``(i.size, n)``, as ``rows``
+        does for a range; planners read permuted query blocks through it.
+
+    Examples
+    --------
+    >>> import scipy.sparse as sp
+    >>> from sparse_patterns.pattern import Pattern
+    >>> rule = PatternRule(1, lambda: [sp.identity(4, dtype=bool, format="csr")])
+    >>> Pattern.from_rule(rule, 4, name="diagonal").nnz
+    4
+    """
+
+    num_heads: int
+    build: Callable[[], Sequence[sp.csr_matrix]]
+    blocks: Callable[[int], BlockLayout] | None = None
+    rows: Callable[[int, int], Sequence[sp.csr_matrix]] | None = None
+    counts: Callable[[], np.ndarray] | None = None
+    union_counts: Callable[[], np.ndarray] | None = None
+    take: Callable[[np.ndarray], Sequence[sp.csr_matrix]] | None = None
+
+
+#: Entries of one chunk of rows that streaming consumers read at a time (about 40 MB of CSR).
+CHUNK_ENTRIES = 1 << 23
+
+
+def csr_bytes(n_rows: int, nnz: int) -> int:
+    """Bytes of a boolean CSR with ``n_rows`` rows and ``nnz`` entries (int32 or int64 indices).
+
+    Examples
+    --------
+    >>> csr_bytes(4, 10)
+    70
+    """
+    idx = 4 if max(n_rows, nnz) < 2**31 - 1 else 8
+    return nnz * (idx + 1) + (n_rows + 1) * idx
