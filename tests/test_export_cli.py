@@ -87,3 +87,21 @@ def test_custom_has_no_recipe_and_show_rejects_bad_file(tmp_path):
     res = runner.invoke(app, ["show", "--file", str(bad)])
     assert res.exit_code == 2 and "not a valid .npz" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("fmt", "block", "message"), [
+    ("deepspeed", "16", "block: the block layout of strided at n=1,048,576"),
+    ("flex", "16", "block_size: the BlockMask of strided at n=1,048,576"),
+])
+def test_export_too_big_for_memory_exits_2_before_allocating(tmp_path, fmt, block, message):
+    # (H, nb, nb) tensors of 65,536 blocks a side: refused by the memory limit, nothing written
+    pytest.importorskip("torch")
+    from sparse_patterns import config
+
+    with config.memory_limit(1 << 30):
+        res = runner.invoke(app, ["export", "strided", "--n", "1048576", "--format", fmt,
+                                  "--block", block, "-o", str(tmp_path / "x.pt")])
+    assert res.exit_code == 2
+    assert message in res.stderr and "memory limit" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert not list(tmp_path.iterdir())

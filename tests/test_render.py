@@ -204,6 +204,31 @@ def test_block_density_chunks_rows(monkeypatch):
     np.testing.assert_array_equal(render.block_density(pat, 16), want)
 
 
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+def test_block_density_and_image_view_never_build_the_csr(monkeypatch, chunk):
+    # a generated pattern is read in row chunks (any size) and one row for the image view:
+    # under a memory limit that refuses its whole CSR, both still match the dense oracle
+    from sparse_patterns import config
+
+    want_dense = sps.make("strided", 200, stride=13).to_dense()
+    monkeypatch.setattr(sps.Pattern, "chunk_rows", lambda self, entries=None: chunk)
+    pat = sps.make("strided", 200, stride=13)
+    with config.memory_limit(2000):
+        with pytest.raises(config.MemoryLimitError):
+            _ = sps.make("strided", 200, stride=13).heads
+        got = render.block_density(pat, 16)
+        fig, ax = _canvas()
+        render.plot_image_view(pat, 150, height=10, width=20, ax=ax)
+        img = _pixels(fig)
+    assert not pat.materialized
+    np.testing.assert_allclose(got, _dense_block_density(want_dense, 16), atol=1e-12)
+    for j in (0, 124, 137, 149):  # none, A2 only, both (150 - 13), A1 only
+        colour = BLUE if want_dense[0, 150, j] and not want_dense[1, 150, j] else (
+            ORANGE if want_dense[1, 150, j] and not want_dense[0, 150, j] else (
+                MIXED if want_dense[0, 150, j] else BACKGROUND))
+        assert _close(_cell(ax, img, j // 20, j % 20), colour), (j, colour)
+
+
 def test_block_view_pixels():
     # forced block view at small n: empty tiles are background, full tiles the head colour
     pat = sps.make("fixed", 32, stride=8, c=8)  # A2 covers every column j <= i

@@ -10,6 +10,7 @@ import numpy as np
 
 from .._validate import check_choice, check_int
 from ..pattern import KERNEL_MODES, BlockLayout, Pattern
+from ._stream import check_fits
 
 __all__ = ["head_plan", "head_layouts", "to_torch"]
 
@@ -34,14 +35,25 @@ def head_plan(pattern: Pattern, mode: str, num_heads: int | None) -> tuple[str, 
     return mode, [-1] * num_heads
 
 
-def head_layouts(pattern: Pattern, block: int, plan: list[int]) -> tuple[np.ndarray, np.ndarray]:
+def head_layouts(
+    pattern: Pattern, block: int, plan: list[int], out_bytes: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """``(layout, full)``, bool ``(H, nb, nb)`` each, for the heads of ``plan``.
 
     A merged head (``-1``) is the OR of the heads' layouts (exactly the
     max-pooling of the union); its full blocks are the OR of the heads' full
     blocks, a subset of the union's full blocks (safe: a full block marked
-    partial only costs a mask evaluation).
+    partial only costs a mask evaluation). The block layout comes from
+    :meth:`Pattern.to_blocks` (closed form, or streamed rows); its size, with
+    ``out_bytes`` more per cell of ``(H, nb, nb)`` for the caller's tensor, is
+    checked against the memory limit before anything is allocated.
     """
+    nb = -(-pattern.n // block)
+    check_fits(
+        f"block: the block layout of {pattern.name} at n={pattern.n:,} with {nb:,} blocks a side",
+        nb * nb * (2 * pattern.num_heads + 2 + (2 + out_bytes) * len(plan)),
+        "a larger block",
+    )
     bl: BlockLayout = pattern.to_blocks(block)
     lay, full = bl.layout, bl.full  # (p, nb, nb)
     uses_union = any(k < 0 for k in plan)

@@ -106,7 +106,7 @@ def to_block_layout(
     check_choice("format", format, LAYOUT_FORMATS)
     block = check_int("block", block, 1)
     _, plan = head_plan(pattern, mode, num_heads)
-    lay, _ = head_layouts(pattern, block, plan)  # (H, nb, nb)
+    lay, _ = head_layouts(pattern, block, plan, out_bytes=8)  # (H, nb, nb)
     return to_torch(lay, torch.int64)
 
 
@@ -245,7 +245,7 @@ def to_bsa_mask(
     batch = check_int("batch", batch, 1, 1 << 16)
     block = check_int("block", block, 1)
     _, plan = head_plan(pattern, mode, num_heads)
-    lay, _ = head_layouts(pattern, block, plan)
+    lay, _ = head_layouts(pattern, block, plan, out_bytes=2 * batch)  # (H, nb, nb)
     t = to_torch(lay, torch.bool)
     return t.unsqueeze(0).expand(batch, *t.shape).contiguous()
 

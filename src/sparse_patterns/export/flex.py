@@ -9,9 +9,10 @@ evaluates it everywhere; the compiled kernel only on partial blocks). For the
 registered families it is the formula each family registers beside its
 generator (``REGISTRY[name].flex``: arithmetic in the generator's parameters,
 ``(q - kv) % l == 0``, ``kv // l == q // l``, ...); for any other pattern it reads a bit
-table of the partial tiles built from the CSR (two gathers, quick to
-compile), or, when that table would be too big, binary-searches the sorted
-CSR row (memory O(nnz); exact, but slow to compile).
+table of the partial tiles built from the pattern's rows, chunk by chunk (two
+gathers, quick to compile), or, when that table would be too big,
+binary-searches the sorted CSR row (the whole CSR, under the memory limit;
+exact, but slow to compile).
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ import scipy.sparse as sp
 
 from .._validate import check_choice, check_int
 from ..pattern import DENSE_LIMIT, Pattern
-from ._common import head_layouts, head_plan
+from ._common import head_plan
+from ._stream import check_fits, chunk_rows, ordered_into
 
 __all__ = [
-    "to_flex_block_mask", "flex_mask_mod", "from_flex_block_mask", "MASK_IMPLS", "TILE_BITS_LIMIT",
+    "to_flex_block_mask", "flex_mask_mod", "from_flex_block_mask", "flex_block_tensors",
+    "MASK_IMPLS", "TILE_BITS_LIMIT",
 ]
 
 #: how the mask_mod decides membership
@@ -66,51 +69,75 @@ def _trusted_formula(pattern: Pattern) -> list[Rule] | None:
 TILE_BITS_LIMIT = 1 << 28
 
 
-def _tile_rule(mats: list[sp.csr_matrix], n: int, block: int) -> Callable[[Any, Any, Any], Any] | None:
+def _row_chunks(pattern: Pattern, merged: bool, rows: int):
+    """``(start, [rows of every head])`` or ``(start, [rows of the union])`` over row chunks."""
+    for start, _, mats in pattern.iter_rows(rows):
+        if merged and len(mats) > 1:
+            u = mats[0]
+            for m in mats[1:]:
+                u = u + m
+            mats = (u.tocsr(),)
+        yield start, mats
+
+
+def _tile_rule(pattern: Pattern, merged: bool, block: int) -> Callable[[Any, Any, Any], Any] | None:
     """``rule(k, q, kv)`` by a bit table of the partial tiles, or None when it is too big.
 
     ``tile[k, q // B, kv // B]`` names a tile: 0 (empty), 1 (full) or a partial
     tile whose ``B x B`` bits are packed 8 per byte. Two independent-depth
     gathers, so ``torch.compile`` lowers it quickly; memory is
-    ``partial tiles x B^2 / 8`` bytes.
+    ``partial tiles x B^2 / 8`` bytes plus the int32 tile table. Built in two
+    passes over row chunks (the pattern's rows, never its whole CSR): the
+    first counts the pairs of every tile, the second sets the partial tiles' bits.
     """
     import torch  # noqa: PLC0415
 
     B = block
+    n = pattern.n
     nb = -(-n // B)
+    heads = 1 if merged else pattern.num_heads
+    cdt = np.int32 if B * B < 2**31 else np.int64
+    check_fits(f"block_size: the tile table of {pattern.name} at n={n:,}",
+               (4 + np.dtype(cdt).itemsize) * heads * nb * nb + 9 * nb * nb,
+               "a larger block_size or impl='formula'")
     sizes = np.full(nb, B, dtype=np.int64)
     sizes[-1] = n - B * (nb - 1)
-    area = np.multiply.outer(sizes, sizes).ravel()  # (nb * nb,)
-    tiles = np.zeros((len(mats), nb * nb), dtype=np.int64)
-    keys, counts = [], []
-    for m in mats:
-        rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(m.indptr))
-        key = (rows // B) * nb + m.indices.astype(np.int64) // B  # tile of every entry
-        cnt = np.bincount(key, minlength=nb * nb)
-        keys.append((rows, key))
-        counts.append(cnt)
-    n_partial = sum(int(((c > 0) & (c < area)).sum()) for c in counts)
+    rows = chunk_rows(pattern)
+    cnt = np.zeros((heads, nb, nb), dtype=cdt)  # set pairs a tile
+    for start, mats in _row_chunks(pattern, merged, rows):
+        b0 = start // B
+        for k, m in enumerate(mats):
+            r = np.repeat(np.arange(start, start + m.shape[0], dtype=np.int64) // B - b0,
+                          np.diff(m.indptr))
+            span = -(-(start + m.shape[0]) // B) - b0
+            cnt[k, b0 : b0 + span] += np.bincount(r * nb + m.indices // B,
+                                                  minlength=span * nb).reshape(span, nb).astype(cdt)
+    area = np.multiply.outer(sizes, sizes)  # (nb, nb)
+    tiles = np.zeros((heads, nb, nb), dtype=np.int32)
     W = -(-B // 8)  # bytes per tile row
-    if n_partial * B * W * 8 > TILE_BITS_LIMIT:
-        return None
-    bits = np.zeros((2 + n_partial) * B * W * 8, dtype=bool)
-    bits[B * W * 8 : 2 * B * W * 8] = True  # tile 1: full
+    cells = B * W * 8  # bits of one tile
     nxt = 2
-    for k, m in enumerate(mats):
-        cnt = counts[k]
-        partial = (cnt > 0) & (cnt < area)
-        tiles[k, cnt == area] = 1
-        ids = np.flatnonzero(partial)
-        tiles[k, ids] = nxt + np.arange(ids.size)
+    for k in range(heads):
+        full = cnt[k] == area
+        tiles[k][full] = 1
+        ids = np.flatnonzero((cnt[k] > 0) & ~full)
+        tiles[k].reshape(-1)[ids] = nxt + np.arange(ids.size)
         nxt += ids.size
-        rows, key = keys[k]
-        t = tiles[k, key]
-        sel = t >= 2
-        cols = m.indices.astype(np.int64)[sel]
-        pos = ((t[sel] * B + rows[sel] % B) * W * 8) + cols % B
-        bits[pos] = True
+        if (nxt - 2) * cells > TILE_BITS_LIMIT:
+            return None
+    del cnt, area
+    bits = np.zeros(nxt * cells, dtype=bool)
+    bits[cells : 2 * cells] = True  # tile 1: full
+    flat = tiles.reshape(heads, -1)
+    for start, mats in _row_chunks(pattern, merged, rows):
+        for k, m in enumerate(mats):
+            r = np.repeat(np.arange(start, start + m.shape[0], dtype=np.int64), np.diff(m.indptr))
+            cols = m.indices.astype(np.int64)
+            t = flat[k, (r // B) * nb + cols // B].astype(np.int64)
+            sel = t >= 2
+            bits[(t[sel] * B + r[sel] % B) * W * 8 + cols[sel] % B] = True
     packed = np.packbits(bits, bitorder="little")  # (tiles * B * W,) uint8
-    t_tiles = torch.from_numpy(tiles.astype(np.int32).ravel())
+    t_tiles = torch.from_numpy(flat.ravel())
     t_bits = torch.from_numpy(packed)
 
     def rule(k, q, kv):
@@ -166,9 +193,12 @@ def _search_rule(mats: list[sp.csr_matrix], n: int) -> Callable[[Any, Any, Any],
     return rule
 
 
-def _csr_rule(mats: list[sp.csr_matrix], n: int, block: int) -> Callable[[Any, Any, Any], Any]:
-    rule = _tile_rule(mats, n, block)
-    return rule if rule is not None else _search_rule(mats, n)
+def _csr_rule(pattern: Pattern, merged: bool, block: int) -> Callable[[Any, Any, Any], Any]:
+    rule = _tile_rule(pattern, merged, block)
+    if rule is not None:
+        return rule
+    # the binary search needs the whole CSR (pattern.heads checks the memory limit)
+    return _search_rule([pattern.union()] if merged else list(pattern.heads), pattern.n)
 
 
 # --------------------------------------------------------------- public
@@ -249,14 +279,14 @@ def flex_mask_mod(
         return mask_mod
 
     if mode == "merged" or p == 1:
-        look = _csr_rule([pattern.union() if mode == "merged" else pattern.heads[0]], n, block_size)
+        look = _csr_rule(pattern, True, block_size)
 
         def mask_mod(b, h, q_idx, kv_idx):
             inside = (q_idx < n) & (kv_idx < n)
             return look(0, torch.clamp(q_idx, 0, n - 1), torch.clamp(kv_idx, 0, n - 1)) & inside
 
     else:
-        look = _csr_rule(list(pattern.heads), n, block_size)
+        look = _csr_rule(pattern, False, block_size)
 
         def mask_mod(b, h, q_idx, kv_idx):
             inside = (q_idx < n) & (kv_idx < n)
@@ -266,11 +296,85 @@ def flex_mask_mod(
     return mask_mod
 
 
-def _ordered(sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Counts ``(H, nb)`` and column lists ``(H, nb, nb)`` (set columns first, ascending)."""
-    counts = sel.sum(axis=-1).astype(np.int32)
-    order = np.argsort(~sel, axis=-1, kind="stable").astype(np.int32)
-    return counts, order
+#: the BlockMask tensors :func:`flex_block_tensors` builds: (prefix, full tiles?, transposed?)
+_TENSORS = (("kv", False, False), ("full_kv", True, False), ("q", False, True), ("full_q", True, True))
+
+
+def flex_block_tensors(
+    pattern: Pattern,
+    *,
+    mode: str = "multihead",
+    num_heads: int | None = None,
+    block_size: int = 128,
+    transposed: bool = True,
+) -> dict[str, np.ndarray]:
+    """The index tensors of the FlexAttention ``BlockMask`` of a pattern, as NumPy arrays.
+
+    ``kv_num_blocks`` int32 ``(1, H, nb)`` and ``kv_indices`` int32
+    ``(1, H, nb, nb)`` list the partial tiles of every query block row (set
+    columns ascending, then the others, as ``BlockMask`` stores them);
+    ``full_kv_*`` the full tiles; with ``transposed``, ``q_*`` and
+    ``full_q_*`` the same per key block column (what ``BlockMask.from_kv_blocks``
+    derives, here without its dense transposes). Built from the block layout
+    (:meth:`Pattern.to_blocks`: closed form for a generated pattern, else
+    streamed rows), never from the whole CSR; the size is checked against
+    :func:`sparse_patterns.config.get_memory_limit` before anything is allocated.
+
+    Parameters
+    ----------
+    pattern, mode, num_heads, block_size
+        As for :func:`to_flex_block_mask`.
+    transposed : bool
+        Also build the ``q_*`` tensors (the backward pass needs them).
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+
+    Raises
+    ------
+    MemoryLimitError
+        (a ``ValueError``) when the tensors would pass the memory limit.
+
+    Examples
+    --------
+    >>> from sparse_patterns import make
+    >>> t = flex_block_tensors(make("strided", 16, stride=4), block_size=4, transposed=False)
+    >>> t["kv_num_blocks"][0, 1].tolist(), t["kv_indices"][0, 1, 1].tolist()  # head A2
+    ([1, 2, 3, 4], [0, 1, 2, 3])
+    """
+    block_size = check_int("block_size", block_size, 1)
+    _, plan = head_plan(pattern, mode, num_heads)
+    names = _TENSORS if transposed else _TENSORS[:2]
+    nb = -(-pattern.n // block_size)
+    cells = nb * nb
+    check_fits(
+        f"block_size: the BlockMask of {pattern.name} at n={pattern.n:,} with {nb:,} blocks a side",
+        cells * (2 * pattern.num_heads + 2 + 4 * len(names) * len(plan)),
+        "a larger block_size",
+    )
+    bl = pattern.to_blocks(block_size)
+    lay, full = bl.layout, bl.full  # (p, nb, nb)
+    if -1 in plan:  # the union: OR of the layouts, OR of the full tiles
+        u_full = full.any(axis=0)
+        u_part = lay.any(axis=0) & ~u_full
+    out: dict[str, np.ndarray] = {}
+    for prefix, is_full, transpose in names:
+        num = np.empty((1, len(plan), nb), dtype=np.int32)
+        idx = np.empty((1, len(plan), nb, nb), dtype=np.int32)
+        first: dict[int, int] = {}
+        for h, k in enumerate(plan):
+            if k in first:  # another attention head on the same pattern head
+                num[0, h], idx[0, h] = num[0, first[k]], idx[0, first[k]]
+                continue
+            first[k] = h
+            if k < 0:
+                sel = u_full if is_full else u_part
+            else:
+                sel = full[k] if is_full else lay[k] & ~full[k]
+            ordered_into(sel.T if transpose else sel, num[0, h], idx[0, h])
+        out[f"{prefix}_num_blocks"], out[f"{prefix}_indices"] = num, idx
+    return out
 
 
 def to_flex_block_mask(
@@ -334,23 +438,21 @@ def to_flex_block_mask(
     from torch.nn.attention.flex_attention import BlockMask  # noqa: PLC0415
 
     block_size = check_int("block_size", block_size, 1)
-    _, plan = head_plan(pattern, mode, num_heads)
     mask_mod = flex_mask_mod(pattern, mode=mode, num_heads=num_heads, impl=impl,
                              block_size=block_size)
-    lay, full = head_layouts(pattern, block_size, plan)  # (H, nb, nb)
-    partial = lay & ~full
-    kv_num, kv_idx = _ordered(partial)
-    f_num, f_idx = _ordered(full)
+    t = {k: torch.from_numpy(v) for k, v in flex_block_tensors(
+        pattern, mode=mode, num_heads=num_heads, block_size=block_size).items()}
     n = pattern.n
-    return BlockMask.from_kv_blocks(
-        torch.from_numpy(kv_num)[None],
-        torch.from_numpy(kv_idx)[None],
-        torch.from_numpy(f_num)[None],
-        torch.from_numpy(f_idx)[None],
-        BLOCK_SIZE=block_size,
-        mask_mod=mask_mod,
-        seq_lengths=(n, n),
-    )
+    kv = (t["kv_num_blocks"], t["kv_indices"], t["full_kv_num_blocks"], t["full_kv_indices"])
+    try:  # the q_* tensors are ours: no dense (nb, nb) transposes inside torch
+        bm = BlockMask.from_kv_blocks(*kv, BLOCK_SIZE=block_size, mask_mod=mask_mod,
+                                      seq_lengths=(n, n), compute_q_blocks=False)
+    except TypeError:  # a torch without compute_q_blocks derives them itself (same values)
+        return BlockMask.from_kv_blocks(*kv, BLOCK_SIZE=block_size, mask_mod=mask_mod,
+                                        seq_lengths=(n, n))
+    bm.q_num_blocks, bm.q_indices = t["q_num_blocks"], t["q_indices"]
+    bm.full_q_num_blocks, bm.full_q_indices = t["full_q_num_blocks"], t["full_q_indices"]
+    return bm
 
 
 def from_flex_block_mask(

@@ -1,5 +1,6 @@
 """The ``.npz`` pattern file: the CSR arrays of every head and the JSON
-metadata in one compressed NumPy archive, read back without pickle, every
+metadata in one compressed NumPy archive, written row chunk by row chunk (a
+generated pattern's whole CSR is never held), read back without pickle, every
 array header checked before the array is inflated."""
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import numpy as np
 
 from .._atomic import atomic_write
 from ..pattern import Pattern
-from ._codec import MAX_INFLATE, MAX_META, arrays_of, build, check_meta, expected_names, meta_of
+from ._codec import MAX_INFLATE, MAX_META, build, check_meta, expected_names, meta_of
+from ._stream import chunk_rows, head_indices, index_dtype
 
 __all__ = ["write", "read"]
 
@@ -21,9 +23,11 @@ __all__ = ["write", "read"]
 def write(pattern: Pattern, path: str | os.PathLike) -> Path:
     """Write ``pattern`` to ``path`` as a compressed ``.npz`` (atomically).
 
-    The archive holds ``indptr_k`` / ``indices_k`` (int32, or int64 when
-    needed) for every head ``k`` and ``meta``, the JSON metadata as a uint8
-    array. :func:`sparse_patterns.export.save` calls this for ``.npz``.
+    The archive holds ``meta``, the JSON metadata as a uint8 array, then
+    ``indptr_k`` / ``indices_k`` (int32, or int64 when needed) for every head
+    ``k``: the members :func:`numpy.savez_compressed` would write, streamed
+    in row chunks, so memory stays bounded by a chunk whatever the file's size.
+    :func:`sparse_patterns.export.save` calls this for ``.npz``.
 
     Examples
     --------
@@ -34,7 +38,59 @@ def write(pattern: Pattern, path: str | os.PathLike) -> Path:
     ['indices_0', 'indices_1', 'indptr_0', 'indptr_1', 'meta']
     """
     meta = np.frombuffer(json.dumps(meta_of(pattern)).encode(), dtype=np.uint8)
-    return atomic_write(path, lambda f: np.savez_compressed(f, meta=meta, **arrays_of(pattern)))
+    n = pattern.n
+    nnz = pattern.head_nnz  # closed form for a generated pattern: no pass over the rows
+    chunk = chunk_rows(pattern)
+
+    def fill(f) -> None:
+        with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_DEFLATED, allowZip64=True) as zf:
+            _member(zf, "meta", meta.dtype, meta.size, iter([meta]))
+            for k in range(pattern.num_heads):
+                dt = index_dtype(n, nnz[k])
+                _member(zf, f"indptr_{k}", dt, n + 1, _indptr(pattern, k, chunk, dt))
+                _member(zf, f"indices_{k}", dt, nnz[k],
+                        (idx for _, _, _, idx in head_indices(pattern, k, chunk)))
+
+    return atomic_write(path, fill)
+
+
+def _indptr(pattern: Pattern, k: int, chunk: int, dt: np.dtype):
+    """``indptr_k`` in pieces: 0, then the running sum of ``|A_i|`` chunk by chunk."""
+    yield np.zeros(1, dtype=dt)
+    if pattern.materialized:
+        yield pattern.heads[k].indptr[1:]
+        return
+    rule = pattern.rule
+    if rule is not None and rule.counts is not None:  # closed form: no pass over the rows
+        yield np.cumsum(np.asarray(rule.counts(), dtype=np.int64)[k])
+        return
+    total = 0
+    for _, _, counts, _ in head_indices(pattern, k, chunk):
+        run = np.cumsum(counts, dtype=np.int64) + total
+        total = int(run[-1]) if run.size else total
+        yield run
+
+
+def _member(zf: zipfile.ZipFile, name: str, dt: np.dtype, count: int, pieces) -> None:
+    """One ``name.npy`` member of ``count`` entries of ``dt``, written piece by piece.
+
+    The bytes are those :func:`numpy.save` writes for the whole array (version
+    1.0 header, C order, little-endian data); a piece stream whose length is
+    not ``count`` raises ``ValueError`` (the atomic write then leaves nothing).
+    """
+    dt = np.dtype(dt).newbyteorder("<")
+    header = {"descr": np.lib.format.dtype_to_descr(dt), "fortran_order": False, "shape": (count,)}
+    written = 0
+    with zf.open(f"{name}.npy", "w", force_zip64=True) as fp:
+        np.lib.format.write_array_header_1_0(fp, header)
+        for a in pieces:
+            a = np.ascontiguousarray(a, dtype=dt)
+            written += a.size
+            if written > count:
+                break
+            fp.write(a.tobytes())
+    if written != count:
+        raise ValueError(f"{name}: the pattern's rows hold {written:,}+ entries, its counts say {count:,}")
 
 
 def read(path: str | os.PathLike) -> Pattern:

@@ -1,11 +1,16 @@
 """The ``.pt`` files of the torch targets (``patterns export --format flex``,
 ``deepspeed``, ``xformers``, ``triton``, ``bsa``): a plain dict of tensors, ints
 and strings that ``torch.load(path, weights_only=True)`` reads, and the way
-back to a Pattern. torch is imported inside the functions."""
+back to a Pattern. torch is imported inside the functions.
+
+``torch.save`` writes whole tensors, so a ``.pt`` cannot be streamed: its
+tensors are block-level (``(H, nb, nb)``, checked against the memory limit
+first) and a generated pattern's token level goes in as its recipe (a few
+hundred bytes at any n), never as its CSR; only a pattern that holds its CSR
+already (a user layout, a loaded file) stores it."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from pathlib import Path
@@ -48,8 +53,9 @@ def save_torch_export(
 
     * ``flex``: ``kv_num_blocks``, ``kv_indices``, ``full_kv_num_blocks``,
       ``full_kv_indices`` (``BlockMask.from_kv_blocks`` arguments), ``block_size``,
-      and the token pattern's CSR (``indptr_k``, ``indices_k``, ``meta``) to
-      rebuild the ``mask_mod`` (``to_flex_block_mask(load(path))``).
+      ``meta``, and the token pattern to rebuild the ``mask_mod``
+      (``to_flex_block_mask(load(path))``): for a generated pattern its
+      ``recipe`` (JSON: name, params, n), else its CSR (``indptr_k``, ``indices_k``).
     * ``deepspeed`` / ``xformers`` / ``triton``: ``layout`` int64 ``(H, nb, nb)``,
       ``block``, ``n``, ``causal``.
     * ``bsa``: ``base_blockmask`` bool ``(1, H, nb, nb)``, ``head_mask_type``
@@ -67,19 +73,25 @@ def save_torch_export(
     import torch  # noqa: PLC0415
 
     from .blocks import BSA_BLOCK, to_block_layout, to_bsa_mask  # noqa: PLC0415
-    from .flex import to_flex_block_mask  # noqa: PLC0415
 
     format = check_choice("format", format, TORCH_FORMATS)
     obj: dict[str, Any] = {"format": format, "n": pattern.n, "causal": pattern.causal, "mode": mode,
                            "version": FORMAT_VERSION}
     if format == "flex":
+        from .flex import flex_block_tensors  # noqa: PLC0415
+
         bs = 128 if block is None else block
-        bm = to_flex_block_mask(pattern, mode=mode, num_heads=num_heads, block_size=bs)
-        obj.update(block_size=bs, kv_num_blocks=bm.kv_num_blocks, kv_indices=bm.kv_indices,
-                   full_kv_num_blocks=bm.full_kv_num_blocks, full_kv_indices=bm.full_kv_indices)
+        tensors = flex_block_tensors(pattern, mode=mode, num_heads=num_heads, block_size=bs,
+                                     transposed=False)  # BlockMask.from_kv_blocks derives q_*
+        obj["block_size"] = bs
+        obj.update({k: torch.from_numpy(v) for k, v in tensors.items()})
         obj["meta"] = json.dumps(meta_of(pattern))
-        for k, v in arrays_of(pattern).items():
-            obj[k] = torch.from_numpy(v.copy())
+        recipe = _recipe_of(pattern) if pattern.rule is not None else None
+        if recipe is not None:  # generated: its recipe (exact), never its CSR
+            obj["recipe"] = json.dumps(recipe)
+        else:  # held already (a user layout, a file); else pattern.heads checks the memory limit
+            for k, v in arrays_of(pattern).items():
+                obj[k] = torch.from_numpy(v.copy())
     elif format == "bsa":
         bs = BSA_BLOCK if block is None else block
         m = to_bsa_mask(pattern, mode=mode, num_heads=num_heads, block=bs)
@@ -89,9 +101,17 @@ def save_torch_export(
         bs = 16 if block is None else block
         obj.update(block=bs, layout=to_block_layout(pattern, bs, format=format, mode=mode,
                                                     num_heads=num_heads))
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return atomic_write(path, lambda f: f.write(buf.getvalue()))
+    return atomic_write(path, lambda f: torch.save(obj, f))  # straight to the file: no copy
+
+
+def _recipe_of(pattern: Pattern) -> dict[str, Any] | None:
+    """The recipe of a registered pattern, or None (a custom pattern stores its CSR)."""
+    from .recipe import to_recipe  # noqa: PLC0415
+
+    try:
+        return to_recipe(pattern)
+    except ValueError:
+        return None
 
 
 def read(path: str | os.PathLike, *, max_nnz: int = 1 << 34) -> Pattern:
@@ -113,8 +133,6 @@ def read(path: str | os.PathLike, *, max_nnz: int = 1 << 34) -> Pattern:
     True
     """
     import torch  # noqa: PLC0415
-
-    from .blocks import from_block_layout  # noqa: PLC0415
 
     path = Path(path)
     where = str(path)
@@ -141,9 +159,12 @@ def read(path: str | os.PathLike, *, max_nnz: int = 1 << 34) -> Pattern:
             raise ValueError(f"{where}: 'meta' is not valid JSON: {exc}") from None
         if meta["n"] != n:
             raise ValueError(f"{where}: n = {n} but the metadata says n = {meta['n']}")
-        extra = {k for k in obj if k.startswith(("indptr_", "indices_"))} - expected_names(
-            meta["num_heads"]
-        )
+        csr_names = {k for k in obj if k.startswith(("indptr_", "indices_"))}
+        if "recipe" in obj:
+            if csr_names:
+                raise ValueError(f"{where}: holds both a recipe and CSR tensors")
+            return _from_recipe(obj["recipe"], meta, where)
+        extra = csr_names - expected_names(meta["num_heads"])
         if extra:
             raise ValueError(f"{where}: unexpected tensors {sorted(extra)}")
 
@@ -163,6 +184,33 @@ def read(path: str | os.PathLike, *, max_nnz: int = 1 << 34) -> Pattern:
             return tensor(name).numpy().ravel()
 
         return build(where, meta, read, headers)
+    return _read_layout(obj, fmt, n, causal, where, max_nnz)
+
+
+def _from_recipe(recipe: object, meta: dict[str, Any], where: str) -> Pattern:
+    """The pattern a flex file's recipe regenerates, checked against the file's metadata."""
+    from .recipe import from_recipe  # noqa: PLC0415
+
+    if not isinstance(recipe, str) or len(recipe) > MAX_META:
+        raise ValueError(f"{where}: 'recipe' must be a JSON string of at most {MAX_META:,} bytes")
+    try:
+        recipe = json.loads(recipe)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: 'recipe' is not valid JSON: {exc}") from None
+    pat = from_recipe(recipe, where=where)  # a generated pattern: its rule, no CSR built
+    if (pat.n, pat.num_heads, pat.name, pat.causal) != (
+        meta["n"], meta["num_heads"], meta["name"], meta["causal"]
+    ):
+        raise ValueError(f"{where}: the recipe does not regenerate the pattern the metadata names")
+    return pat
+
+
+def _read_layout(obj: dict, fmt: str, n: int, causal: bool, where: str, max_nnz: int) -> Pattern:
+    """A block-layout ``.pt`` (deepspeed, xformers, triton, bsa) back to a token-level Pattern."""
+    import torch  # noqa: PLC0415
+
+    from .blocks import from_block_layout  # noqa: PLC0415
+
     block = obj.get("block")
     if not isinstance(block, int) or isinstance(block, bool) or not 1 <= block <= MAX_N:
         raise ValueError(f"{where}: block must be an integer in [1, {MAX_N}], got {block!r}")

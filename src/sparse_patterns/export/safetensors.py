@@ -1,6 +1,8 @@
 """The ``.safetensors`` pattern file: the CSR arrays of every head as tensors,
-the JSON metadata in the header, read back after the header's sizes, dtypes,
-shapes and offsets are checked."""
+the JSON metadata in the header, written in one pass over row chunks (each
+tensor's place is known from the closed-form counts, so a generated pattern's
+whole CSR is never held), read back after the header's sizes, dtypes, shapes
+and offsets are checked."""
 
 from __future__ import annotations
 
@@ -13,18 +15,24 @@ import numpy as np
 
 from .._atomic import atomic_write
 from ..pattern import Pattern
-from ._codec import arrays_of, build, check_meta, expected_names, meta_of
+from ._codec import build, check_meta, expected_names, meta_of
+from ._stream import chunk_rows, index_dtype
 
 __all__ = ["write", "read"]
 
 _ST_DTYPES = {"I32": np.dtype("<i4"), "I64": np.dtype("<i8")}
+_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
 
 
 def write(pattern: Pattern, path: str | os.PathLike) -> Path:
     """Write ``pattern`` to ``path`` as ``.safetensors`` (atomically).
 
     The same tensors as the ``.npz`` (little-endian); the metadata JSON under
-    the header's ``__metadata__["sparse_patterns"]``.
+    the header's ``__metadata__["sparse_patterns"]``. The bytes are those
+    ``safetensors.numpy.save`` writes for the whole arrays (tensors ordered by
+    dtype size, then name; the header padded to 8 bytes), but the data is
+    filled in one pass over row chunks, so memory stays bounded by a chunk
+    (plus ``indptr``, ``n + 1`` entries a head) whatever the file's size.
 
     Examples
     --------
@@ -34,11 +42,52 @@ def write(pattern: Pattern, path: str | os.PathLike) -> Path:
     >>> f.suffix
     '.safetensors'
     """
-    from safetensors.numpy import save  # noqa: PLC0415
+    n, p = pattern.n, pattern.num_heads
+    nnz = pattern.head_nnz  # closed form for a generated pattern: no pass over the rows
+    dts = [index_dtype(n, c).newbyteorder("<") for c in nnz]
+    sizes = {}
+    for k in range(p):
+        sizes[f"indptr_{k}"] = (dts[k], n + 1)
+        sizes[f"indices_{k}"] = (dts[k], nnz[k])
+    header: dict = {"__metadata__": {"sparse_patterns": json.dumps(meta_of(pattern))}}
+    offset = {}
+    pos = 0
+    for name in sorted(sizes, key=lambda s: (-sizes[s][0].itemsize, s)):  # safetensors' order
+        dt, count = sizes[name]
+        header[name] = {"dtype": _ST_NAMES[dt], "shape": [count],
+                        "data_offsets": [pos, pos + count * dt.itemsize]}
+        offset[name] = pos
+        pos += count * dt.itemsize
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    base = 8 + len(text)
+    chunk = chunk_rows(pattern)
 
-    arrays = {k: v.astype(v.dtype.newbyteorder("<"), copy=False) for k, v in arrays_of(pattern).items()}
-    data = save(arrays, metadata={"sparse_patterns": json.dumps(meta_of(pattern))})
-    return atomic_write(path, lambda f: f.write(data))
+    def fill(f) -> None:
+        f.write(struct.pack("<Q", len(text)) + text)
+        f.truncate(base + pos)
+        indptr = [np.empty(n + 1, dtype=dt) for dt in dts]  # O(n) a head
+        done = [0] * p
+        for start, stop, mats in pattern.iter_rows(chunk):  # slices of a held CSR, or the rule's rows
+            for k, m in enumerate(mats):
+                cnt = m.indices.size
+                if done[k] + cnt > nnz[k]:
+                    raise ValueError(f"indices_{k}: the pattern's rows hold more entries than "
+                                     f"its counts say ({nnz[k]:,})")
+                f.seek(base + offset[f"indices_{k}"] + done[k] * dts[k].itemsize)
+                f.write(np.ascontiguousarray(m.indices, dtype=dts[k]).tobytes())
+                indptr[k][start + 1 : stop + 1] = done[k] + m.indptr[1:].astype(np.int64) - m.indptr[0]
+                done[k] += cnt
+        for k in range(p):
+            if done[k] != nnz[k]:
+                raise ValueError(f"indices_{k}: the pattern's rows hold {done[k]:,} entries, its "
+                                 f"counts say {nnz[k]:,}")
+            indptr[k][0] = 0
+            f.seek(base + offset[f"indptr_{k}"])
+            f.write(indptr[k].tobytes())
+        f.seek(base + pos)
+
+    return atomic_write(path, fill)
 
 
 def read(path: str | os.PathLike) -> Pattern:

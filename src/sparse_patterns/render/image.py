@@ -113,9 +113,8 @@ def plot_image_view(
     i = check_int("i", i, 0, n - 1)
     drawn = select_heads(pattern, heads)
     codes = np.zeros(n, dtype=np.uint16)
-    for t, h in enumerate(drawn):
-        m = pattern.heads[h]
-        codes[m.indices[m.indptr[i] : m.indptr[i + 1]]] |= np.uint16(1 << t)
+    for t, h in enumerate(drawn):  # one row: O(|A_i|), never the whole CSR
+        codes[pattern.rows(i, i + 1, head=h).indices] |= np.uint16(1 << t)
     rgb, _ = paint(codes, drawn)
     rgb[i] = _rgb(QUERY_COLOR)
     others = np.ones(n, dtype=bool)

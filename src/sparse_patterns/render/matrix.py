@@ -2,8 +2,9 @@
 
 Rows are outputs (queries) ``i``, columns inputs (keys) ``j``. Up to
 :data:`TOKEN_LIMIT` positions every cell is drawn in the colour of the heads that
-attend it; above that the figure shows block densities, computed row block by
-row block from the CSR so that no ``n x n`` array is ever built.
+attend it; above that the figure shows block densities, counted by a compiled
+loop over the pattern's rows, streamed in bounded chunks, so that neither an
+``n x n`` array nor the whole CSR is ever built.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ __all__ = ["plot_pattern", "block_density", "TOKEN_LIMIT", "auto_block"]
 #: Largest n drawn cell by cell; longer sequences are drawn as block densities.
 TOKEN_LIMIT = 2048
 #: Entries of the rows read at once (all heads) when counting pairs per block: bounds the
-#: scratch memory (about 40 bytes an entry) whatever n is.
-_CHUNK = 1 << 20
+#: scratch memory (the rows' CSR, about 5 bytes an entry) whatever n is.
+_CHUNK = 1 << 22
 
 
 def auto_block(n: int, target: int = 256) -> int:
@@ -87,16 +88,45 @@ def block_density(pattern: Pattern, block: int, *, heads: Any = None) -> np.ndar
     sizes[-1] = n - block * (nb - 1)
     area = np.multiply.outer(sizes, sizes)  # (nb, nb)
     counts = np.zeros((len(drawn), nb, nb), dtype=np.int64)
-    # whole row blocks at a time, streamed from the pattern's rule (never the whole CSR)
-    chunk = max(1, pattern.chunk_rows(_CHUNK) // block) * block
-    for start, stop, mats in pattern.iter_rows(chunk):
-        b0, b1 = start // block, -(-stop // block)
+    # streamed from the pattern's rule in chunks of about _CHUNK entries (never the whole CSR)
+    count = _tile_counter()
+    for start, _, mats in pattern.iter_rows(pattern.chunk_rows(_CHUNK)):
         for t, h in enumerate(drawn):
             m = mats[h]
-            rows = np.repeat(np.arange(m.shape[0], dtype=np.int64) // block, np.diff(m.indptr))
-            key = rows * nb + m.indices.astype(np.int64) // block
-            counts[t, b0:b1] = np.bincount(key, minlength=(b1 - b0) * nb).reshape(b1 - b0, nb)
+            count(m.indptr, m.indices, block, start, counts[t])
     return counts / area
+
+
+_KERNELS: dict = {}
+
+
+def _tile_counter() -> Any:
+    """Compile (once, cached on disk) the tile-counting loop; numba is imported lazily.
+
+    ``count(indptr, indices, block, row0, out)`` adds the entries of the CSR
+    rows ``row0, row0 + 1, ...`` to ``out[I, J]`` (int64 ``(nb, nb)``), one
+    pass over sorted columns with a division only where a row enters a new
+    column block.
+    """
+    if not _KERNELS:
+        from numba import njit  # noqa: PLC0415
+
+        @njit(cache=True, nogil=True)
+        def count(indptr, indices, block, row0, out):  # pragma: no cover - numba
+            for r in range(indptr.size - 1):
+                bi = (row0 + r) // block
+                k, end = indptr[r], indptr[r + 1]
+                while k < end:
+                    bj = indices[k] // block
+                    edge = (bj + 1) * block
+                    c = 0
+                    while k < end and indices[k] < edge:
+                        c += 1
+                        k += 1
+                    out[bi, bj] += c
+
+        _KERNELS["count"] = count
+    return _KERNELS["count"]
 
 
 def _token_codes(pattern: Pattern, drawn: list[int]) -> np.ndarray:
