@@ -138,9 +138,9 @@ def test_the_guard_refuses_the_whole_csr_before_building_it():
     # row ranges, counts and a small enough block level still work under the tiny limit
     with config.memory_limit(1000):
         assert pat.rows(100, 101).nnz == 65  # window {36 .. 100} holds the stride head {36, 100}
-        assert pat.to_blocks(1024).nb == 4  # 4 x 4 tiles: 4 * 4 * (2 * 2 + 16) = 320 bytes
-        with pytest.raises(MemoryLimitError, match=r"^block: .* 64 x 64 tiles and needs 82 kB"):
-            pat.to_blocks(64)  # 64 * 64 * 20 = 81,920 bytes
+        assert pat.to_blocks(1024).nb == 4  # 4 x 4 tiles: 4 * 4 * 4 * 2 = 128 bytes
+        with pytest.raises(MemoryLimitError, match=r"^block: .* 64 x 64 tiles and needs 33 kB"):
+            pat.to_blocks(64)  # 64 * 64 * 4 * 2 = 32,768 bytes
     assert isinstance(MemoryLimitError("x"), ValueError)
 
 

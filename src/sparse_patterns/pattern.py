@@ -519,12 +519,12 @@ class Pattern:
         >>> bl.layout.shape
         (2, 4, 4)
 
-        Raises ``MemoryLimitError`` when the dense ``(p, nb, nb)`` layout (and the
-        closed forms' ``(nb, nb)`` temporaries) would exceed the memory limit.
+        Raises ``MemoryLimitError`` when the dense ``(p, nb, nb)`` layout (and its
+        full-tile mask, each built once and stacked) would exceed the memory limit.
         """
         block = check_block(block)
         nb = -(-self._n // block)
-        need = nb * nb * (2 * self.num_heads + 16)  # layout + full, two int64 tile distances
+        need = nb * nb * 4 * self.num_heads  # layout + full per head, then stacked
         if need > config.get_memory_limit():
             raise config.MemoryLimitError(
                 f"block: a layout of {self._name} at n={self._n:,} with block={block} has "
