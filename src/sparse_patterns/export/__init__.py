@@ -22,20 +22,34 @@ and the CLI dispatch. torch is imported only inside the functions that need it.
 
 from __future__ import annotations
 
-from .blocks import (
-    BSA_BLOCK,
-    LAYOUT_FORMATS,
-    from_block_layout,
-    from_bsa_mask,
-    to_block_layout,
-    to_bsa_mask,
-)
-from .dense import from_sdpa_mask, to_sdpa_mask
-from .files import ExportResult, export_pattern, load, save
-from .flex import MASK_IMPLS, flex_mask_mod, from_flex_block_mask, to_flex_block_mask
-from .formats import FILE_FORMATS, FORMATS, Format
-from .pt import save_torch_export
-from .recipe import from_recipe, to_recipe
+import importlib
+from typing import Any
+
+#: Where each public name lives: loaded on first use, so that reading the table of
+#: formats (``patterns export --help``) does not import NumPy, SciPy or torch.
+_WHERE = {
+    "BSA_BLOCK": "blocks", "LAYOUT_FORMATS": "blocks", "from_block_layout": "blocks",
+    "from_bsa_mask": "blocks", "to_block_layout": "blocks", "to_bsa_mask": "blocks",
+    "from_sdpa_mask": "dense", "to_sdpa_mask": "dense",
+    "ExportResult": "files", "export_pattern": "files", "load": "files", "save": "files",
+    "MASK_IMPLS": "flex", "flex_mask_mod": "flex", "from_flex_block_mask": "flex",
+    "to_flex_block_mask": "flex",
+    "FILE_FORMATS": "formats", "FORMATS": "formats", "Format": "formats",
+    "save_torch_export": "pt", "from_recipe": "recipe", "to_recipe": "recipe",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "save", "load", "to_recipe", "from_recipe", "save_torch_export", "FILE_FORMATS",
