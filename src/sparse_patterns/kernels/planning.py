@@ -69,10 +69,10 @@ def _freeze(a: np.ndarray) -> np.ndarray:
 #: entries); tests set it small to check that chunking changes nothing.
 CHUNK_ROWS: int | None = None
 
-#: Entries per chunk of a plan's pass: small enough (about 2 MB of indices) that
-#: the allocator reuses the same memory chunk after chunk instead of mapping
-#: fresh pages (page faults were a third of the plan's time at 32 MB chunks).
-CHUNK_ENTRIES = 1 << 19
+#: Entries per chunk of a plan's pass (about 8 MB of indices): measured at n = 2^20
+#: strided and 2^18 fixed, 2^19 spends the time on per-chunk Python overhead and
+#: 2^23 on page faults of fresh 32 MB arrays; 2^21 was fastest on both.
+CHUNK_ENTRIES = 1 << 21
 
 #: Query blocks read to choose a piece's order (all of them when there are fewer).
 SAMPLE_BLOCKS = 64
@@ -113,8 +113,8 @@ def residue_perm(n: int, s: int) -> np.ndarray:
 
 
 def _inverse(perm: np.ndarray) -> np.ndarray:
-    pos = np.empty(perm.size, np.int64)
-    pos[perm] = np.arange(perm.size, dtype=np.int64)
+    pos = np.empty(perm.size, perm.dtype)
+    pos[perm] = np.arange(perm.size, dtype=perm.dtype)
     return pos
 
 
@@ -153,7 +153,8 @@ def _choose(pattern: Pattern, pieces: list[_Piece], block: int) -> None:
     n = pattern.n
     nb = -(-n // block)
     blocks = _sample(nb)
-    ident = np.arange(n, dtype=np.int64)
+    dt = np.int32  # the plan's permutations (n <= 2^31 - 1 tokens): half the memory of int64
+    ident = np.arange(n, dtype=dt)
     tokens = _positions(n, block, blocks)
     mats = pattern.rows_of(tokens)
     for pc in pieces:
@@ -161,13 +162,13 @@ def _choose(pattern: Pattern, pieces: list[_Piece], block: int) -> None:
         s = int(gcd_of_offsets(indptr, indices, tokens))
         cands: list[tuple[Any, np.ndarray, np.ndarray]] = [(("identity",), ident, ident)]
         if 1 < s < n:
-            r = residue_perm(n, s)
+            r = residue_perm(n, s).astype(dt)
             cands.append((("residue", s), r, r))
         used = np.zeros(n, dtype=bool)
         used[indices] = True
         u = int(used.sum())
         if 0 < u < n:
-            kp = np.concatenate([np.flatnonzero(used), np.flatnonzero(~used)]).astype(np.int64)
+            kp = np.concatenate([np.flatnonzero(used), np.flatnonzero(~used)]).astype(dt)
             cands.append((("keys", u), ident, kp))
         best = None
         for kind, qp, kp in cands:
