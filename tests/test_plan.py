@@ -192,7 +192,7 @@ def _plan_arrays(pl: ExecutionPlan) -> dict:
     ],
 )
 def test_tiny_chunks_give_the_plan_of_one_chunk(monkeypatch, name, n, params, mode):
-    from sparse_patterns.kernels import planning
+    from sparse_patterns.kernels import _pieces as planning
 
     pat = sps.make(name, n, **params)
     monkeypatch.setattr(planning, "CHUNK_ROWS", n)
@@ -218,7 +218,7 @@ def test_tiny_chunks_give_the_plan_of_one_chunk(monkeypatch, name, n, params, mo
 )
 def test_orders_chosen_on_sampled_blocks_stay_exact(monkeypatch, name, n, params, kinds, mode):
     """With fewer sampled query blocks than the plan has, the plan is still exact."""
-    from sparse_patterns.kernels import planning
+    from sparse_patterns.kernels import _pieces as planning
 
     monkeypatch.setattr(planning, "SAMPLE_BLOCKS", 3)
     pl = check_exact(sps.make(name, n, **params), mode, 8)

@@ -1,0 +1,179 @@
+"""The pieces of an execution plan: which heads each takes, its order, its streamed tiles.
+
+Private to :mod:`sparse_patterns.kernels.planning`. A piece's order (identity,
+residue classes, used keys first) is chosen on sampled query blocks; its tiles
+are then counted, and its partial tiles' masks filled, chunk by chunk of query
+blocks in that order, read through :meth:`~sparse_patterns.Pattern.rows_of`, so
+that a plan never holds more than a chunk of the pattern.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..pattern import Pattern
+from ._tiling import chunk_tiles, gcd_of_offsets, piece_rows
+
+__all__ = ["CHUNK_ROWS", "CHUNK_ENTRIES", "SAMPLE_BLOCKS", "residue_perm", "pieces", "piece_tiles",
+           "chunk_rows"]
+
+#: Query rows per chunk of a plan's pass (None: about ``pattern.CHUNK_ENTRIES``
+#: entries); tests set it small to check that chunking changes nothing.
+CHUNK_ROWS: int | None = None
+
+#: Entries per chunk of a plan's pass (about 8 MB of indices): measured at n = 2^20
+#: strided and 2^18 fixed, 2^19 spends the time on per-chunk Python overhead and
+#: 2^23 on page faults of fresh 32 MB arrays; 2^21 was fastest on both.
+CHUNK_ENTRIES = 1 << 21
+
+#: Query blocks read to choose a piece's order (all of them when there are fewer).
+SAMPLE_BLOCKS = 64
+
+
+class _Piece:
+    """One part of a softmax group: the heads whose entries it takes, and its order.
+
+    In ``merged`` mode a piece takes the entries of its member heads that no
+    earlier head holds; in ``multihead`` mode a piece is one head.
+    """
+
+    __slots__ = ("members", "exclusive", "group", "kind", "qperm", "kperm")
+
+    def __init__(self, members, exclusive, group, kind=("identity",), qperm=None, kperm=None):
+        self.members, self.exclusive, self.group = tuple(members), exclusive, group
+        self.kind, self.qperm, self.kperm = kind, qperm, kperm
+
+    def rows(self, mats: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """The piece's CSR ``(indptr, indices)`` from the rows of every head."""
+        top = max(self.members)
+        if not self.exclusive or top == 0:
+            if len(self.members) == 1:
+                m = mats[top]
+                return m.indptr.astype(np.int64), m.indices
+        dt = np.result_type(*(mats[h].indices.dtype for h in range(top + 1)))
+        ptrs = tuple(mats[h].indptr.astype(np.int64) for h in range(top + 1))
+        idxs = tuple(mats[h].indices.astype(dt, copy=False) for h in range(top + 1))
+        member = np.zeros(top + 1, dtype=np.bool_)
+        member[list(self.members)] = True
+        return piece_rows(ptrs, idxs, member)
+
+
+def residue_perm(n: int, s: int) -> np.ndarray:
+    """Positions grouped by ``i mod s`` (each group in increasing i): OpenAI's strided transpose."""
+    i = np.arange(n, dtype=np.int64)
+    return np.lexsort((i // s, i % s))
+
+
+def _inverse(perm: np.ndarray) -> np.ndarray:
+    pos = np.empty(perm.size, perm.dtype)
+    pos[perm] = np.arange(perm.size, dtype=perm.dtype)
+    return pos
+
+
+def _block_rows(n: int, block: int, blocks: np.ndarray) -> np.ndarray:
+    """Tokens of each query block ``I`` in ``blocks``: ``min(block, n - I * block)``."""
+    return np.minimum(block, n - blocks * block).astype(np.int64)
+
+
+def _positions(n: int, block: int, blocks: np.ndarray) -> np.ndarray:
+    """Piece positions of the query blocks ``blocks``, concatenated."""
+    if blocks.size == 0:
+        return np.empty(0, np.int64)
+    starts = blocks * block
+    sizes = _block_rows(n, block, blocks)
+    return np.repeat(starts - np.cumsum(sizes) + sizes, sizes) + np.arange(int(sizes.sum()))
+
+
+def _sample(nb: int) -> np.ndarray:
+    """Query blocks read to choose an order: all, or :data:`SAMPLE_BLOCKS` spread evenly."""
+    if nb <= SAMPLE_BLOCKS:
+        return np.arange(nb, dtype=np.int64)
+    return np.unique(np.linspace(0, nb - 1, SAMPLE_BLOCKS).round().astype(np.int64))
+
+
+def _step(kind: tuple) -> int:
+    """``s`` with ``kpos[j + s] = kpos[j] + 1`` in this order (0: none known)."""
+    return {"identity": 1, "residue": kind[-1]}.get(kind[0], 0)
+
+
+def _choose(pattern: Pattern, pieces: list[_Piece], block: int) -> None:
+    """Give each piece the order (identity, residue class, key compaction) with the fewest
+    computed pairs, estimated on sampled query blocks (exact when all are sampled).
+
+    Any order gives an exact plan; the order only decides how compact the tiles are.
+    """
+    n = pattern.n
+    nb = -(-n // block)
+    blocks = _sample(nb)
+    dt = np.int32  # the plan's permutations (n <= 2^31 - 1 tokens): half the memory of int64
+    ident = np.arange(n, dtype=dt)
+    tokens = _positions(n, block, blocks)
+    mats = pattern.rows_of(tokens)
+    for pc in pieces:
+        indptr, indices = pc.rows(mats)
+        s = int(gcd_of_offsets(indptr, indices, tokens))
+        cands: list[tuple[Any, np.ndarray, np.ndarray]] = [(("identity",), ident, ident)]
+        if 1 < s < n:
+            r = residue_perm(n, s).astype(dt)
+            cands.append((("residue", s), r, r))
+        used = np.zeros(n, dtype=bool)
+        used[indices] = True
+        u = int(used.sum())
+        if 0 < u < n:
+            kp = np.concatenate([np.flatnonzero(used), np.flatnonzero(~used)]).astype(dt)
+            cands.append((("keys", u), ident, kp))
+        best = None
+        for kind, qp, kp in cands:
+            ip, ii = pc.rows(mats if qp is ident else pattern.rows_of(qp[tokens]))
+            cost = chunk_tiles(ip, ii, _inverse(kp), _step(kind), block, n,
+                               _block_rows(n, block, blocks), False)[4]
+            if best is None or cost < best[0]:
+                best = (cost, kind, qp, kp)
+        assert best is not None
+        _, pc.kind, pc.qperm, pc.kperm = best
+
+
+def pieces(pattern: Pattern, mode: str, block: int) -> tuple[list[_Piece], int]:
+    """The pieces of ``pattern`` with their orders, and the number of softmax groups."""
+    p = pattern.num_heads
+    if mode == "multihead":
+        pieces = [_Piece((h,), False, h) for h in range(p)]
+        _choose(pattern, pieces, block)
+        return pieces, p
+    # merged: head h minus the heads before it, so that no pair is in two pieces
+    pieces = [_Piece((h,), True, 0) for h in range(p)]
+    _choose(pattern, pieces, block)
+    # pieces that chose the same order are executed as one (shared partial tiles)
+    merged: dict[Any, _Piece] = {}
+    for pc in pieces:
+        key = pc.kind if pc.kind[0] != "keys" else ("keys", pc.kperm.tobytes())
+        if key in merged:
+            a = merged[key]
+            merged[key] = _Piece(a.members + pc.members, True, 0, a.kind, a.qperm, a.kperm)
+        else:
+            merged[key] = pc
+    return list(merged.values()), 1
+
+
+def piece_tiles(pattern: Pattern, pc: _Piece, block: int, chunk: int, pool) -> list[tuple]:
+    """Stream the piece's query blocks in its order, ``chunk`` rows at a time."""
+    n = pattern.n
+    kpos = _inverse(pc.kperm)
+    step = _step(pc.kind)
+
+    def run(start: int) -> tuple:
+        stop = min(n, start + chunk)
+        mats = pattern.rows_of(pc.qperm[start:stop])
+        indptr, indices = pc.rows(mats)
+        blocks = np.arange(start // block, -(-stop // block), dtype=np.int64)
+        out = chunk_tiles(indptr, indices, kpos, step, block, n, _block_rows(n, block, blocks), True)
+        return (*out, int(indptr[-1] - indptr[0]))
+
+    return list(pool.map(run, range(0, n, chunk)))
+
+
+def chunk_rows(pattern: Pattern, block: int) -> int:
+    rows = CHUNK_ROWS if CHUNK_ROWS is not None else pattern.chunk_rows(CHUNK_ENTRIES)
+    return block * max(1, -(-int(rows) // block))
