@@ -111,13 +111,16 @@ def _choose(pattern: Pattern, pieces: list[_Piece], block: int) -> None:
     ident = np.arange(n, dtype=dt)
     tokens = _positions(n, block, blocks)
     mats = pattern.rows_of(tokens)
+    residue: dict[int, tuple[np.ndarray, tuple]] = {}  # s -> (order, its sampled rows), shared by pieces
     for pc in pieces:
         indptr, indices = pc.rows(mats)
         s = int(gcd_of_offsets(indptr, indices, tokens))
         cands: list[tuple[Any, np.ndarray, np.ndarray]] = [(("identity",), ident, ident)]
         if 1 < s < n:
-            r = residue_perm(n, s).astype(dt)
-            cands.append((("residue", s), r, r))
+            if s not in residue:
+                r = residue_perm(n, s).astype(dt)
+                residue[s] = (r, pattern.rows_of(r[tokens]))
+            cands.append((("residue", s), residue[s][0], residue[s][0]))
         used = np.zeros(n, dtype=bool)
         used[indices] = True
         u = int(used.sum())
@@ -126,7 +129,7 @@ def _choose(pattern: Pattern, pieces: list[_Piece], block: int) -> None:
             cands.append((("keys", u), ident, kp))
         best = None
         for kind, qp, kp in cands:
-            ip, ii = pc.rows(mats if qp is ident else pattern.rows_of(qp[tokens]))
+            ip, ii = pc.rows(mats if qp is ident else residue[kind[1]][1])
             cost = chunk_tiles(ip, ii, _inverse(kp), _step(kind), block, n,
                                _block_rows(n, block, blocks), False)[4]
             if best is None or cost < best[0]:

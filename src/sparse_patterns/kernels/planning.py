@@ -433,7 +433,10 @@ def plan(
     OpenAI's ``strided_transpose``), and its used key positions moved to the
     front (a fixed summary head); the order with the fewest computed pairs wins.
     Pieces of a merged group that choose the same order are executed as one.
-    Planning is ``O(nnz)`` and never allocates ``n x n``.
+    Orders are chosen on sampled query blocks; the tiles are then counted chunk by
+    chunk of query blocks read through :meth:`~sparse_patterns.Pattern.rows_of`:
+    time ``O(nnz)``, memory ``O(tiles + partial masks + one chunk)``, never the
+    whole CSR and never ``n x n``.
 
     References
     ----------
