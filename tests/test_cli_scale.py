@@ -41,6 +41,23 @@ def test_help_imports_no_numpy(argv):
     assert out.stdout.strip().splitlines()[-1] == "LOADED []"
 
 
+def test_list_imports_no_numpy_and_matches_the_registry():
+    code = (
+        "import sys\n"
+        "from sparse_patterns.cli import main\n"
+        "sys.argv = ['patterns', 'list', '--json']\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert e.code in (0, None), e.code\n"
+        f"print('LOADED', [m for m in {HEAVY!r} if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    listed, loaded = out.stdout.rsplit("LOADED", 1)
+    assert loaded.strip() == "[]"
+    from sparse_patterns.patterns import REGISTRY, describe  # the generators themselves
+
+    assert json.loads(listed) == json.loads(json.dumps(describe()))
+    assert [r["name"] for r in json.loads(listed)] == sorted(REGISTRY)
+
+
 def test_import_package_is_light_and_api_unchanged():
     code = (
         "import sys, sparse_patterns as sps\n"

@@ -220,7 +220,9 @@ def emit_json(obj: Any) -> None:
 @cli_command
 def list_cmd(json_out: bool = _JSON) -> None:
     """List the registered patterns, their parameters and the papers they come from."""
-    rows = registry.describe()
+    from .catalog import CATALOG, describe  # noqa: PLC0415 (no NumPy: the table is static)
+
+    rows = describe()
     if json_out:
         emit_json(rows)
         return
@@ -228,8 +230,8 @@ def list_cmd(json_out: bool = _JSON) -> None:
     for col in ("name", "parameters (defaults)", "description", "reference"):
         t.add_column(col)
     for r in rows:
-        spec = registry.REGISTRY[r["name"]]
-        ps = ", ".join(f"--{p.name.replace('_', '-')} {p.default_text()}" for p in spec.params)
+        fam = CATALOG[r["name"]]
+        ps = ", ".join(f"--{p.name.replace('_', '-')} {p.default_text()}" for p in fam.params)
         t.add_row(r["name"], ps, r["description"], r["reference"])
     console.print(t)
 

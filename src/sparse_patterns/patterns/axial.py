@@ -10,7 +10,7 @@ from ..pattern import Pattern
 from ._build import progression_rule, with_union
 from ._flex import Rule, causal_rule
 from .local import raster
-from .registry import Param, register
+from .registry import register
 
 __all__ = ["axial2d"]
 
@@ -25,15 +25,7 @@ def _axial_flex(pattern: Pattern) -> list[Rule]:
     return [row, col]
 
 
-@register(
-    "axial2d",
-    Param("height", int, None, "raster rows (default: sqrt(n))"),
-    Param("width", int, None, "raster columns (default: n / height)"),
-    Param("causal", bool, True, "keep only j <= i in raster order"),
-    description="row head and column head on a height x width raster",
-    reference="Child et al. 2019, arXiv:1904.10509 (images); Ho et al. 2019, arXiv:1912.12180",
-    flex=_axial_flex,
-)
+@register("axial2d", flex=_axial_flex)
 def axial2d(
     n: int, height: int | None = None, width: int | None = None, causal: bool = True
 ) -> Pattern:

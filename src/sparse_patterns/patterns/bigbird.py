@@ -8,7 +8,7 @@ from .._validate import check_bool, check_int
 from ..pattern import BlockLayout, Pattern, PatternRule
 from ._build import block_row_counts, blocks_csr
 from ._flex import Rule, causal_rule
-from .registry import Param, register
+from .registry import register
 
 __all__ = ["bigbird"]
 
@@ -67,18 +67,7 @@ def _bigbird_flex(pattern: Pattern) -> list[Rule]:
     ]
 
 
-@register(
-    "bigbird",
-    Param("block", int, 64, "block size in tokens"),
-    Param("window_blocks", int, 1, "blocks seen on each side of the diagonal block"),
-    Param("global_blocks", int, 1, "the first blocks are global"),
-    Param("random_blocks", int, 2, "random blocks per block row"),
-    Param("seed", int, 0, "seed of the random blocks"),
-    Param("causal", bool, True, "keep only j <= i (token level)"),
-    description="block window, global blocks and random blocks (three heads)",
-    reference="Zaheer et al. 2020, arXiv:2007.14062",
-    flex=_bigbird_flex,
-)
+@register("bigbird", flex=_bigbird_flex)
 def bigbird(
     n: int,
     block: int = 64,

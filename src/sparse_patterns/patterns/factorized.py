@@ -9,7 +9,7 @@ from .._validate import check_bool, check_int
 from ..pattern import Pattern
 from ._build import progression_rule
 from ._flex import Rule, band
-from .registry import Param, register, root_of
+from .registry import register, root_of
 
 __all__ = ["factorized"]
 
@@ -31,14 +31,7 @@ def _factorized_flex(pattern: Pattern) -> list[Rule]:
     return rules
 
 
-@register(
-    "factorized",
-    Param("p", int, 2, "number of heads (factorization order)"),
-    Param("causal", bool, True, "keep only j <= i"),
-    description="p heads, head m covers one base-l digit of i - j, l = ceil(n^(1/p))",
-    reference="Child et al. 2019, arXiv:1904.10509, sec. 4.1 (p-dimensional factorization)",
-    flex=_factorized_flex,
-)
+@register("factorized", flex=_factorized_flex)
 def factorized(n: int, p: int = 2, causal: bool = True) -> Pattern:
     """Head ``m`` (1-based): ``{j <= i : (i - j) mod l^(m-1) == 0, i - j < l^m}``.
 

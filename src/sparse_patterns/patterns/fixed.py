@@ -16,7 +16,7 @@ from ..pattern import Pattern, PatternRule
 from ._blocks import block_bounds, layout_of
 from ._build import prefix_csr, progression_csr, with_union
 from ._flex import Rule, causal_rule
-from .registry import Param, register
+from .registry import register
 
 __all__ = ["fixed", "summary_columns"]
 
@@ -77,16 +77,7 @@ def _fixed_flex(pattern: Pattern) -> list[Rule]:
     return rules
 
 
-@register(
-    "fixed",
-    Param("stride", int, "sqrt", "l: block length (or 'sqrt')", follows_n=True),
-    Param("c", int, None, "summary positions per block (default: max(1, l // 8))"),
-    Param("summary_heads", int, 1, "number of distinct summary heads k (k * c <= l)"),
-    Param("causal", bool, True, "keep only j <= i"),
-    description="blocks of l plus c summary positions at the end of every block",
-    reference="Child et al. 2019, arXiv:1904.10509, sec. 4.2 (fixed)",
-    flex=_fixed_flex,
-)
+@register("fixed", flex=_fixed_flex)
 def fixed(
     n: int, stride: int, c: int | None = None, summary_heads: int = 1, causal: bool = True
 ) -> Pattern:

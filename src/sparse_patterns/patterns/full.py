@@ -9,7 +9,7 @@ from ..pattern import Pattern
 from ._blocks import distance_band, layout_of
 from ._build import progression_rule
 from ._flex import Rule, causal_rule, every
-from .registry import Param, register
+from .registry import register
 
 __all__ = ["full"]
 
@@ -19,13 +19,7 @@ def _full_flex(pattern: Pattern) -> list[Rule]:
     return [causal_rule(every, bool(pattern.params["causal"]))]
 
 
-@register(
-    "full",
-    Param("causal", bool, True, "keep only j <= i"),
-    description="dense attention (causal lower triangle, or every pair)",
-    reference="Vaswani et al. 2017, arXiv:1706.03762",
-    flex=_full_flex,
-)
+@register("full", flex=_full_flex)
 def full(n: int, causal: bool = True) -> Pattern:
     """Dense attention: ``A_i = {0 .. i}`` (causal) or ``{0 .. n-1}``.
 

@@ -10,7 +10,7 @@ from ..pattern import Pattern, PatternRule
 from ._blocks import distance_band, layout_of
 from ._build import Progression, local2d_counts, local2d_csr, progression_rule
 from ._flex import Rule, dilated_band
-from .registry import Param, register
+from .registry import register
 
 __all__ = ["local", "dilated", "local2d", "raster", "dilated_rows"]
 
@@ -22,15 +22,7 @@ def _local_flex(pattern: Pattern) -> list[Rule]:
     return [dilated_band(p["window"], p.get("dilation", 1), pattern.n, bool(p["causal"]))]
 
 
-@register(
-    "local",
-    Param("window", int, "sqrt", "w: how far back (and forward, if bidirectional) i sees",
-          follows_n=True),
-    Param("causal", bool, True, "keep only j <= i"),
-    description="1D sliding window: A_i = {i-w .. i}",
-    reference="Liu et al. 2018 (local attention), arXiv:1801.10198",
-    flex=_local_flex,
-)
+@register("local", flex=_local_flex)
 def local(n: int, window: int, causal: bool = True) -> Pattern:
     """Sliding window ``A_i = {max(0, i - w) .. i}`` (``|i - j| <= w`` if bidirectional).
 
@@ -58,15 +50,7 @@ def local(n: int, window: int, causal: bool = True) -> Pattern:
     return _dilated(n, window, 1, causal, "local")
 
 
-@register(
-    "dilated",
-    Param("window", int, 8, "w: number of earlier positions seen (each side if bidirectional)"),
-    Param("dilation", int, 2, "d: gap between seen positions"),
-    Param("causal", bool, True, "keep only j <= i"),
-    description="dilated sliding window: A_i = {i - k d : 0 <= k <= w}",
-    reference="Beltagy et al. 2020 (Longformer), arXiv:2004.05150",
-    flex=_local_flex,
-)
+@register("dilated", flex=_local_flex)
 def dilated(n: int, window: int, dilation: int, causal: bool = True) -> Pattern:
     """Dilated window ``A_i = {i - k d : 0 <= k <= w, i - k d >= 0}``.
 
@@ -154,16 +138,7 @@ def raster(n: int, height: int | None, width: int | None) -> tuple[int, int]:
     return height, width
 
 
-@register(
-    "local2d",
-    Param("height", int, None, "raster rows (default: sqrt(n))"),
-    Param("width", int, None, "raster columns (default: n / height)"),
-    Param("query_block", int, 4, "side of the square query blocks"),
-    Param("memory", int, 4, "memory margin: rows above, columns left and right"),
-    Param("causal", bool, True, "keep only j <= i in raster order"),
-    description="Image Transformer 2D local: query blocks see a surrounding memory block",
-    reference="Parmar et al. 2018 (Image Transformer), arXiv:1802.05751",
-)
+@register("local2d")
 def local2d(
     n: int,
     height: int | None = None,

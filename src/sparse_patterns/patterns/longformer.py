@@ -9,7 +9,7 @@ from ..pattern import Pattern
 from ._build import progression_rule
 from ._flex import Rule, causal_rule, dilated_band
 from .local import dilated_rows
-from .registry import Param, register
+from .registry import register
 
 __all__ = ["longformer"]
 
@@ -23,16 +23,7 @@ def _longformer_flex(pattern: Pattern) -> list[Rule]:
     return [win, glob]
 
 
-@register(
-    "longformer",
-    Param("window", int, 8, "w: positions seen on each side (before i, if causal)"),
-    Param("global_tokens", int, 1, "g: the first g positions are global"),
-    Param("dilation", int, 1, "d: gap in the window"),
-    Param("causal", bool, True, "keep only j <= i"),
-    description="sliding (dilated) window plus g global tokens (two heads)",
-    reference="Beltagy et al. 2020, arXiv:2004.05150",
-    flex=_longformer_flex,
-)
+@register("longformer", flex=_longformer_flex)
 def longformer(
     n: int, window: int = 8, global_tokens: int = 1, dilation: int = 1, causal: bool = True
 ) -> Pattern:

@@ -3,10 +3,10 @@ where the family has one, its FlexAttention formula.
 
 The CLI, ``make`` and every later command (verify, analyze, render, export,
 profile) use this table, so no command needs per-pattern code: ``export``
-asks ``REGISTRY[name].flex`` for a family's ``mask_mod`` rules and
-:func:`describe` gives ``patterns list`` its rows. A parameter
-declared with ``follows_n=True`` also accepts ``"sqrt"`` (``ceil(sqrt(n))``) or
-``"cbrt"`` (``ceil(n ** (1/3))``), so a sweep over n can keep ``l ~ n^(1/p)``.
+asks ``REGISTRY[name].flex`` for a family's ``mask_mod`` rules. The families'
+parameters, descriptions and papers come from :mod:`sparse_patterns.catalog`
+(NumPy-free, so ``patterns list`` starts fast); :class:`Param` and
+:func:`root_of` are re-exported from there.
 """
 
 from __future__ import annotations
@@ -17,76 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._validate import MAX_N, check_int
+from ..catalog import CATALOG, Param, root_of
 from ..pattern import Pattern
 
 __all__ = [
     "Param", "PatternSpec", "REGISTRY", "register", "get", "make", "resolve", "root_of", "describe",
 ]
-
-
-def root_of(n: int, p: int) -> int:
-    """Smallest integer ``l`` with ``l ** p >= n`` (exact, no float rounding).
-
-    Examples
-    --------
-    >>> root_of(16384, 2), root_of(1000, 3), root_of(1001, 3)
-    (128, 10, 11)
-    """
-    l = max(1, round(n ** (1.0 / p)))
-    while l**p < n:
-        l += 1
-    while l > 1 and (l - 1) ** p >= n:
-        l -= 1
-    return l
-
-
-_FOLLOW = {"sqrt": 2, "cbrt": 3}
-
-
-@dataclass(frozen=True)
-class Param:
-    """One generator parameter: its type (int, str, bool), default and help."""
-
-    name: str
-    type: type
-    default: Any
-    help: str
-    choices: tuple[str, ...] | None = None
-    follows_n: bool = False
-
-    def convert(self, value: Any, n: int) -> Any:
-        """Convert a CLI string or Python value, resolving ``sqrt``/``cbrt``."""
-        if self.follows_n and isinstance(value, str) and value in _FOLLOW:
-            return root_of(n, _FOLLOW[value])
-        if self.type is int:
-            if isinstance(value, str):
-                try:
-                    value = int(value, 10)
-                except ValueError:
-                    extra = " or 'sqrt'/'cbrt'" if self.follows_n else ""
-                    raise ValueError(
-                        f"{self.name}: must be an integer{extra}, got {value!r}"
-                    ) from None
-            return check_int(self.name, value, lo=-(2**62))
-        if self.type is bool:
-            if isinstance(value, str):
-                low = value.lower()
-                if low in ("true", "1", "yes"):
-                    return True
-                if low in ("false", "0", "no"):
-                    return False
-                raise ValueError(f"{self.name}: must be true or false, got {value!r}")
-            if not isinstance(value, bool):
-                raise ValueError(f"{self.name}: must be True or False, got {value!r}")
-            return value
-        if self.choices is not None and value not in self.choices:
-            raise ValueError(
-                f"{self.name}: must be one of {', '.join(map(repr, self.choices))}; got {value!r}"
-            )
-        return value
-
-    def default_text(self) -> str:
-        return "required" if self.default is inspect.Parameter.empty else repr(self.default)
 
 
 @dataclass(frozen=True)
@@ -117,17 +53,27 @@ REGISTRY: dict[str, PatternSpec] = {}
 def register(
     name: str,
     *params: Param,
-    description: str,
-    reference: str,
+    description: str | None = None,
+    reference: str | None = None,
     flex: Callable[[Pattern], list[Callable[[Any, Any], Any]]] | None = None,
 ) -> Callable[[Callable[..., Pattern]], Callable[..., Pattern]]:
     """Class the decorated generator ``f(n, **params) -> Pattern`` under ``name``.
+
+    A family in :data:`~sparse_patterns.catalog.CATALOG` takes its parameters,
+    description and reference from there (give none); a new family gives
+    them here. Either way the declared parameters must be exactly the
+    generator's keyword arguments (``TypeError`` otherwise).
 
     ``flex``, when given, is the family's FlexAttention formula:
     ``flex(pattern)`` returns one ``rule(q_idx, kv_idx) -> bool tensor`` per
     head, in the generator's parameters (``pattern.params``). It is only
     asked about patterns that are exactly what the generator gives.
     """
+    if not params and description is None and name in CATALOG:
+        fam = CATALOG[name]
+        params, description, reference = fam.params, fam.description, fam.reference
+    if description is None or reference is None:
+        raise TypeError(f"{name}: not in the catalog; give its params, description and reference")
 
     def deco(func: Callable[..., Pattern]) -> Callable[..., Pattern]:
         sig = inspect.signature(func)
@@ -143,7 +89,7 @@ def register(
 
 def get(name: str) -> PatternSpec:
     """The spec registered under ``name``; ``ValueError`` lists the known names."""
-    if name not in REGISTRY:
+    if not isinstance(name, str) or name not in REGISTRY:
         raise ValueError(f"name: unknown pattern {name!r}; known: {', '.join(sorted(REGISTRY))}")
     return REGISTRY[name]
 
@@ -200,7 +146,8 @@ def make(name: str, n: int, **params: Any) -> Pattern:
 def describe() -> list[dict[str, Any]]:
     """The registered families, sorted by name: parameters with defaults, description, reference.
 
-    What ``patterns list`` prints (``--json`` prints this list as is).
+    The catalog's rows (:func:`sparse_patterns.catalog.describe`, what
+    ``patterns list`` prints) plus any family registered at run time.
 
     Examples
     --------
@@ -208,15 +155,12 @@ def describe() -> list[dict[str, Any]]:
     >>> row["params"]
     {'stride': 'sqrt', 'window': 'paper', 'causal': True}
     """
-    out = []
-    for name in sorted(REGISTRY):
-        spec = REGISTRY[name]
-        out.append(
-            {
-                "name": name,
-                "params": {p.name: p.default for p in spec.params},
-                "description": spec.description,
-                "reference": spec.reference,
-            }
-        )
-    return out
+    return [
+        {
+            "name": spec.name,
+            "params": {p.name: p.default for p in spec.params},
+            "description": spec.description,
+            "reference": spec.reference,
+        }
+        for spec in sorted(REGISTRY.values(), key=lambda s: s.name)
+    ]

@@ -15,7 +15,7 @@ from ..pattern import Pattern
 from ._blocks import distance_band, distance_multiple, layout_of
 from ._build import progression_rule, with_union
 from ._flex import Rule, band, causal_rule
-from .registry import Param, register
+from .registry import register
 
 __all__ = ["strided"]
 
@@ -35,16 +35,7 @@ def _strided_flex(pattern: Pattern) -> list[Rule]:
     return [a1, a2]
 
 
-@register(
-    "strided",
-    Param("stride", int, "sqrt", "l: window length and stride (or 'sqrt')", follows_n=True),
-    Param("window", str, "paper", "A1 window: 'paper' (l+1 positions) or 'reference' (l)",
-          choices=("paper", "reference")),
-    Param("causal", bool, True, "keep only j <= i"),
-    description="local window of l plus every l-th earlier position (two heads)",
-    reference="Child et al. 2019, arXiv:1904.10509, sec. 4.2 (strided)",
-    flex=_strided_flex,
-)
+@register("strided", flex=_strided_flex)
 def strided(n: int, stride: int, window: str = "paper", causal: bool = True) -> Pattern:
     """Strided attention: a window head ``A1`` and a stride head ``A2``.
 
