@@ -224,3 +224,30 @@ def test_orders_chosen_on_sampled_blocks_stay_exact(monkeypatch, name, n, params
     pl = check_exact(sps.make(name, n, **params), mode, 8)
     if kinds is not None:
         assert pl.piece_kind == kinds
+
+
+def test_partial_tiles_share_distinct_masks():
+    pl = plan(sps.make("strided", 1024, stride=32), block=8, mode="merged", cache=False)
+    flat = pl.masks.reshape(pl.masks.shape[0], -1)
+    assert len({row.tobytes() for row in flat}) == flat.shape[0]  # each mask stored once
+    assert pl.num_partial == int((pl.tile_mask >= 0).sum()) > 4 * flat.shape[0]
+    assert set(np.unique(pl.tile_mask[pl.tile_mask >= 0])) == set(range(flat.shape[0]))
+
+
+@pytest.mark.parametrize("limit", [0, 1, 3, 1 << 16])
+def test_mask_table_maps_every_tile_to_its_own_mask(limit):
+    from sparse_patterns.kernels._pieces import MaskTable
+
+    rng = np.random.default_rng(limit)
+    pool = np.arange(8, dtype=np.uint64).reshape(4, 2, 1)  # 4 distinct masks
+    table = MaskTable(limit)
+    for _ in range(5):  # chunks of masks drawn from the pool, some tiles full (-1)
+        masks = pool[rng.integers(0, 4, size=6)]
+        tm = rng.integers(-1, 6, size=9)
+        idx = table.add(masks, tm)
+        assert ((idx < 0) == (tm < 0)).all()
+        got = table.array(2)
+        for m, i in zip(tm, idx):
+            if m >= 0:
+                assert (got[i] == masks[m]).all()
+    assert table.array(2).shape[0] <= (4 if limit >= 4 else 30)

@@ -17,7 +17,7 @@ from ..pattern import Pattern
 from ._tiling import chunk_tiles, gcd_of_offsets, piece_rows
 
 __all__ = ["CHUNK_ROWS", "CHUNK_ENTRIES", "SAMPLE_BLOCKS", "residue_perm", "pieces", "piece_tiles",
-           "chunk_rows"]
+           "chunk_rows", "MaskTable"]
 
 #: Query rows per chunk of a plan's pass (None: about ``pattern.CHUNK_ENTRIES``
 #: entries); tests set it small to check that chunking changes nothing.
@@ -171,10 +171,66 @@ def piece_tiles(pattern: Pattern, pc: _Piece, block: int, chunk: int, pool) -> l
         mats = pattern.rows_of(pc.qperm[start:stop])
         indptr, indices = pc.rows(mats)
         blocks = np.arange(start // block, -(-stop // block), dtype=np.int64)
-        out = chunk_tiles(indptr, indices, kpos, step, block, n, _block_rows(n, block, blocks), True)
-        return (*out, int(indptr[-1] - indptr[0]))
+        qcount, tj, tm, masks, area = chunk_tiles(indptr, indices, kpos, step, block, n,
+                                                  _block_rows(n, block, blocks), True)
+        masks, tm = _distinct(masks, tm)
+        return qcount, tj, tm, masks, area, int(indptr[-1] - indptr[0])
 
     return list(pool.map(run, range(0, n, chunk)))
+
+
+def _distinct(masks: np.ndarray, tm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct masks in order of first use, and ``tm`` pointing into them (-1 kept)."""
+    if masks.shape[0] < 2:
+        return masks, tm
+    rows = np.ascontiguousarray(masks).reshape(masks.shape[0], -1).view(
+        np.dtype((np.void, masks[0].nbytes)))[:, 0]
+    _, first, inv = np.unique(rows, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(order.size, np.int64)
+    rank[order] = np.arange(order.size)
+    return masks[first[order]], np.where(tm < 0, tm, rank[inv.ravel()][np.maximum(tm, 0)])
+
+
+class MaskTable:
+    """Distinct partial-tile masks of a whole plan, in order of first use.
+
+    Structured patterns repeat a few masks (every diagonal tile of a window is
+    the same), so a plan stores each once: at n = 2^20 strided, 130,016
+    partial tiles share a handful of masks instead of taking 33 MB. At most
+    ``limit`` masks are looked up; beyond that, new masks are stored as they
+    come, so memory stays O(partial tiles) for patterns without repeats.
+    """
+
+    def __init__(self, limit: int = 1 << 16) -> None:
+        self.seen: dict[bytes, int] = {}
+        self.parts: list[np.ndarray] = []
+        self.count = 0
+        self.limit = limit
+
+    def add(self, masks: np.ndarray, tm: np.ndarray) -> np.ndarray:
+        """Store a chunk's distinct ``masks``; return ``tm`` as indices into the table."""
+        where = np.empty(masks.shape[0], np.int64)
+        new = []
+        for i in range(masks.shape[0]):
+            key = masks[i].tobytes()
+            g = self.seen.get(key)
+            if g is None:
+                g = self.count + len(new)
+                new.append(i)
+                if len(self.seen) < self.limit:
+                    self.seen[key] = g
+            where[i] = g
+        if new:
+            self.parts.append(masks[new])
+            self.count += len(new)
+        return np.where(tm < 0, tm, where[np.maximum(tm, 0)]) if where.size else tm
+
+    def array(self, block: int) -> np.ndarray:
+        """All stored masks, ``uint64 (M, block, W)``."""
+        if not self.parts:
+            return np.empty((0, block, -(-block // 64)), np.uint64)
+        return np.concatenate(self.parts)
 
 
 def chunk_rows(pattern: Pattern, block: int) -> int:

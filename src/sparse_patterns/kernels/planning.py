@@ -26,7 +26,7 @@ import numpy as np
 
 from .._validate import check_choice, check_int
 from ..pattern import KERNEL_MODES, Mode, Pattern
-from ._pieces import chunk_rows, piece_tiles, pieces, residue_perm
+from ._pieces import MaskTable, chunk_rows, piece_tiles, pieces, residue_perm
 
 __all__ = [
     "ExecutionPlan", "plan", "cached_plan", "MODES", "BLOCK", "check_mode", "clear_plan_cache",
@@ -100,9 +100,10 @@ class ExecutionPlan:
         in the piece); otherwise the tile is **partial** and this is its index
         into ``masks``.
     masks : uint64 (M, block, W), ``W = ceil(block / 64)``
-        Token masks of the partial tiles: bit ``c % 64`` of ``masks[m, r, c // 64]``
-        set means row ``r``, column ``c`` of the tile is a pair of the piece.
-        Bits beyond ``n`` are never set.
+        The distinct token masks of the partial tiles, in order of first use
+        (partial tiles with the same mask share one): bit ``c % 64`` of
+        ``masks[m, r, c // 64]`` set means row ``r``, column ``c`` of the tile
+        is a pair of the piece. Bits beyond ``n`` are never set.
     useful_pairs, computed_pairs : int64 (G,)
         Pairs of the pattern per group, and pairs the tiles compute (tile
         areas cropped to ``n``).
@@ -129,7 +130,7 @@ class ExecutionPlan:
     >>> pl.useful_pairs.tolist(), pl.computed_pairs.tolist()
     ([70, 40], [112, 64])
     >>> pl.tiles(1)[:2].tolist()  # (I, J, mask index or -1) of piece 1
-    [[0, 0, 7], [1, 1, 8]]
+    [[0, 0, 0], [1, 1, 0]]
     """
 
     __slots__ = (
@@ -196,8 +197,8 @@ class ExecutionPlan:
 
     @property
     def num_partial(self) -> int:
-        """Number of partial tiles ``M``."""
-        return int(self.masks.shape[0])
+        """Number of partial tiles (they share the ``M`` distinct ``masks``)."""
+        return int(np.count_nonzero(self.tile_mask >= 0))
 
     @property
     def useful_flops(self) -> int:
@@ -347,13 +348,12 @@ def _kind_str(kind: tuple) -> str:
 def _build(pattern: Pattern, block: int, mode: str) -> ExecutionPlan:
     n = pattern.n
     nb = -(-n // block)
-    W = -(-block // 64)
     parts_of, G = pieces(pattern, mode, block)
     chunk = chunk_rows(pattern, block)
     useful = np.zeros(G, dtype=np.int64)
     computed = np.zeros(G, dtype=np.int64)
-    kept, counts, cols, mask_idx, mask_list = [], [], [], [], []
-    m0 = 0
+    kept, counts, cols, mask_idx = [], [], [], []
+    table = MaskTable()
     with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
         for pc in parts_of:
             parts = piece_tiles(pattern, pc, block, chunk, pool)
@@ -362,13 +362,12 @@ def _build(pattern: Pattern, block: int, mode: str) -> ExecutionPlan:
                 continue  # a head wholly inside earlier heads adds no piece
             kept.append(pc)
             useful[pc.group] += pairs
-            for qcount, tj, tm, masks, area, _ in parts:
+            for k, (qcount, tj, tm, masks, area, _) in enumerate(parts):
+                parts[k] = None  # each chunk's arrays go as soon as they are copied
                 computed[pc.group] += area
                 counts.append(qcount)
                 cols.append(tj)
-                mask_idx.append(np.where(tm < 0, _FULL, tm + m0))
-                mask_list.append(masks)
-                m0 += masks.shape[0]
+                mask_idx.append(table.add(masks, tm).astype(np.int32))
     P = len(kept)
     tile_ptr = np.zeros(P * nb + 1, dtype=np.int64)
     if counts:
@@ -382,7 +381,7 @@ def _build(pattern: Pattern, block: int, mode: str) -> ExecutionPlan:
         tile_ptr=tile_ptr,
         tile_col=np.concatenate(cols) if cols else np.empty(0),
         tile_mask=np.concatenate(mask_idx) if mask_idx else np.empty(0),
-        masks=np.concatenate(mask_list) if mask_list else np.empty((0, block, W)),
+        masks=table.array(block),
         useful_pairs=useful,
         computed_pairs=computed,
     )
