@@ -45,19 +45,30 @@ class _Piece:
         self.members, self.exclusive, self.group = tuple(members), exclusive, group
         self.kind, self.qperm, self.kperm = kind, qperm, kperm
 
+    def heads(self, mats: tuple) -> tuple[tuple, tuple, np.ndarray]:
+        """``(indptrs, indices, member)`` of the heads up to the last member, for the
+        compiled loops (one index dtype, int64 row pointers)."""
+        top = max(self.members)
+        first = 0 if self.exclusive else min(self.members)
+        dt = np.result_type(*(mats[h].indices.dtype for h in range(first, top + 1)))
+        ptrs = tuple(mats[h].indptr.astype(np.int64) for h in range(first, top + 1))
+        idxs = tuple(mats[h].indices.astype(dt, copy=False) for h in range(first, top + 1))
+        member = np.zeros(top + 1 - first, dtype=np.bool_)
+        member[[h - first for h in self.members]] = True
+        return ptrs, idxs, member
+
     def rows(self, mats: tuple) -> tuple[np.ndarray, np.ndarray]:
         """The piece's CSR ``(indptr, indices)`` from the rows of every head."""
-        top = max(self.members)
-        if not self.exclusive or top == 0:
-            if len(self.members) == 1:
-                m = mats[top]
-                return m.indptr.astype(np.int64), m.indices
-        dt = np.result_type(*(mats[h].indices.dtype for h in range(top + 1)))
-        ptrs = tuple(mats[h].indptr.astype(np.int64) for h in range(top + 1))
-        idxs = tuple(mats[h].indices.astype(dt, copy=False) for h in range(top + 1))
-        member = np.zeros(top + 1, dtype=np.bool_)
-        member[list(self.members)] = True
-        return piece_rows(ptrs, idxs, member)
+        if len(self.members) == 1 and (not self.exclusive or self.members[0] == 0):
+            m = mats[self.members[0]]
+            return m.indptr.astype(np.int64), m.indices
+        return piece_rows(*self.heads(mats))
+
+    def tiles(self, mats: tuple, kpos: np.ndarray, step: int, block: int, n: int,
+              rows_in: np.ndarray, fill: bool) -> tuple:
+        """:func:`~._tiling.chunk_tiles` of the piece on the rows ``mats`` of every head."""
+        ptrs, idxs, member = self.heads(mats)
+        return chunk_tiles(ptrs, idxs, member, self.exclusive, kpos, step, block, n, rows_in, fill)
 
 
 def residue_perm(n: int, s: int) -> np.ndarray:
@@ -129,9 +140,8 @@ def _choose(pattern: Pattern, pieces: list[_Piece], block: int) -> None:
             cands.append((("keys", u), ident, kp))
         best = None
         for kind, qp, kp in cands:
-            ip, ii = pc.rows(mats if qp is ident else residue[kind[1]][1])
-            cost = chunk_tiles(ip, ii, _inverse(kp), _step(kind), block, n,
-                               _block_rows(n, block, blocks), False)[4]
+            cost = pc.tiles(mats if qp is ident else residue[kind[1]][1], _inverse(kp),
+                            _step(kind), block, n, _block_rows(n, block, blocks), False)[4]
             if best is None or cost < best[0]:
                 best = (cost, kind, qp, kp)
         assert best is not None
@@ -169,12 +179,11 @@ def piece_tiles(pattern: Pattern, pc: _Piece, block: int, chunk: int, pool) -> l
     def run(start: int) -> tuple:
         stop = min(n, start + chunk)
         mats = pattern.rows_of(pc.qperm[start:stop])
-        indptr, indices = pc.rows(mats)
         blocks = np.arange(start // block, -(-stop // block), dtype=np.int64)
-        qcount, tj, tm, masks, area = chunk_tiles(indptr, indices, kpos, step, block, n,
-                                                  _block_rows(n, block, blocks), True)
+        qcount, tj, tm, masks, area, pairs = pc.tiles(mats, kpos, step, block, n,
+                                                      _block_rows(n, block, blocks), True)
         masks, tm = _distinct(masks, tm)
-        return qcount, tj, tm, masks, area, int(indptr[-1] - indptr[0])
+        return qcount, tj, tm, masks, area, pairs
 
     return list(pool.map(run, range(0, n, chunk)))
 

@@ -166,27 +166,68 @@ def _run(indices, e, end, kpos, step, block, shift):  # pragma: no cover - compi
     return kp, J, e2
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _held_before(ptrs, idxs, h, r, flag, stamp):  # pragma: no cover - compiled
+    """Flag (``flag[e - lo] = stamp``) the entries of head ``h``'s row ``r`` that an
+    earlier head holds; return the entry range ``[fmin, fmax)`` holding the flags
+    (``fmin = fmax = hi``: none). Only the entries between the first and last
+    column of each earlier row are searched, a binary search each."""
+    ind = idxs[h]
+    lo_e, hi_e = ptrs[h][r], ptrs[h][r + 1]
+    fmin, fmax = hi_e, lo_e
+    for h2 in range(h):
+        cat = idxs[h2]
+        a2, b2 = ptrs[h2][r], ptrs[h2][r + 1]
+        if a2 == b2:
+            continue
+        s0 = _lower(ind, lo_e, hi_e, cat[a2])
+        s1 = _lower(ind, s0, hi_e, cat[b2 - 1] + 1)
+        p = a2
+        for e in range(s0, s1):
+            p = _lower(cat, p, b2, ind[e])
+            if p < b2 and cat[p] == ind[e]:
+                flag[e - lo_e] = stamp
+                fmin = min(fmin, e)
+                fmax = max(fmax, e + 1)
+    if fmin >= fmax:
+        return hi_e, hi_e
+    return fmin, fmax
+
+
 @numba.njit(cache=True, nogil=True)
-def chunk_tiles(indptr, indices, kpos, step, block, n, rows_in, fill):  # pragma: no cover - compiled
+def chunk_tiles(ptrs, idxs, member, exclusive, kpos, step, block, n, rows_in, fill):  # pragma: no cover - compiled
     """Tiles of consecutive query blocks of a piece, in the piece's order.
 
-    Query block ``q`` is the CSR rows ``q * block .. q * block + rows_in[q] - 1``
-    (tokens in the piece's query order, sorted columns per row); a key ``j`` lies
-    in key block ``kpos[j] // block``. ``step > 0`` promises
-    ``kpos[j + step] = kpos[j] + 1`` (1 for the identity, ``s`` for residue classes
-    mod ``s``), so a run of entries ``step`` apart is counted at once. Returns
-    ``(tiles per query block, key block of each tile, mask slot of each tile or
-    -1 for a full one, masks, computed pairs)``; the masks (``uint64 (M, block,
-    ceil(block / 64))``) are filled only when ``fill``. Tiles come by query
-    block, then by key block.
+    ``ptrs`` and ``idxs`` are tuples of the heads' CSR ``indptr`` (int64) and
+    ``indices`` (sorted columns per row), one row per query in the piece's
+    order; the piece takes the entries of the heads in ``member``, and, when
+    ``exclusive``, only those no earlier head holds in that row (so the pieces
+    of a merged softmax are disjoint), without building the piece's rows.
+    Query block ``q`` is the rows ``q * block .. q * block + rows_in[q] - 1``;
+    a key ``j`` lies in key block ``kpos[j] // block``. ``step > 0`` promises
+    ``kpos[j + step] = kpos[j] + 1`` (1 for the identity, ``s`` for residue
+    classes mod ``s``), so a run of entries ``step`` apart is counted at once,
+    and the partial tiles' masks are filled from the runs, not the entries.
+    Returns ``(tiles per query block, key block of each tile, mask slot of each
+    tile or -1 for a full one, masks, computed pairs, useful pairs)``; the
+    masks (``uint64 (M, block, ceil(block / 64))``) are filled only when
+    ``fill``. Tiles come by query block, then by key block.
     """
     nb = (n + block - 1) // block
+    H = len(ptrs)
     shift = -1
     if block & (block - 1) == 0:
         shift = 0
         while (1 << shift) < block:
             shift += 1
     nq = rows_in.size
+    R = ptrs[0].size - 1
+    widest = 1
+    for h in range(H):
+        for r in range(R):
+            widest = max(widest, ptrs[h][r + 1] - ptrs[h][r])
+    flag = np.zeros(widest, np.int64)
+    stamp = 0
     W = (block + 63) // 64
     counts = np.zeros(nb, np.int64)
     slot = np.full(nb, -1, np.int64)
@@ -197,22 +238,63 @@ def chunk_tiles(indptr, indices, kpos, step, block, n, rows_in, fill):  # pragma
     tm = np.empty(cap_t, np.int64)
     cap_m = 64 if fill else 1
     masks = np.zeros((cap_m, block, W), np.uint64)
+    run_r = np.empty(1024, np.int64)  # the runs of the current query block, for its masks
+    run_c = np.empty(1024, np.int64)
+    run_n = np.empty(1024, np.int64)
     nt = 0
     nm = 0
     computed = 0
+    pairs = 0
     r0 = 0
     for q in range(nq):
         r1 = r0 + rows_in[q]
         m = 0
+        nr = 0
+        if fill:  # room for every run of the block (at most one per entry), grown here, not in the loop
+            need = 0
+            for h in range(H):
+                if member[h]:
+                    need += ptrs[h][r1] - ptrs[h][r0]
+            if need > run_r.size:
+                run_r = np.empty(need, np.int64)
+                run_c = np.empty(need, np.int64)
+                run_n = np.empty(need, np.int64)
         for r in range(r0, r1):
-            e, end = indptr[r], indptr[r + 1]
-            while e < end:
-                kp, J, e2 = _run(indices, e, end, kpos, step, block, shift)
-                if counts[J] == 0:
-                    touched[m] = J
-                    m += 1
-                counts[J] += e2 - e
-                e = e2
+            for h in range(H):
+                if not member[h]:
+                    continue
+                ind = idxs[h]
+                lo_e, hi_e = ptrs[h][r], ptrs[h][r + 1]
+                fmin, fmax = hi_e, hi_e
+                if exclusive and h > 0:
+                    stamp += 1
+                    fmin, fmax = _held_before(ptrs, idxs, h, r, flag, stamp)
+                e = lo_e
+                while e < hi_e:
+                    if e < fmin:
+                        end = fmin
+                    elif e < fmax:  # between flagged entries: the span up to the next flag
+                        if flag[e - lo_e] == stamp:
+                            e += 1
+                            continue
+                        end = e + 1
+                        while end < fmax and flag[end - lo_e] != stamp:
+                            end += 1
+                    else:
+                        end = hi_e
+                    while e < end:
+                        kp, J, e2 = _run(ind, e, end, kpos, step, block, shift)
+                        if counts[J] == 0:
+                            touched[m] = J
+                            m += 1
+                        counts[J] += e2 - e
+                        pairs += e2 - e
+                        if fill:
+                            run_r[nr] = r - r0
+                            run_c[nr] = kp
+                            run_n[nr] = e2 - e
+                            nr += 1
+                        e = e2
         touched[:m].sort()
         first = nm
         for t in range(m):
@@ -242,17 +324,15 @@ def chunk_tiles(indptr, indices, kpos, step, block, n, rows_in, fill):  # pragma
             counts[J] = 0
         qcount[q] = m
         if fill and nm > first:
-            for r in range(r0, r1):
-                rr = r - r0
-                e, end = indptr[r], indptr[r + 1]
-                while e < end:
-                    kp, J, e2 = _run(indices, e, end, kpos, step, block, shift)
-                    s = slot[J]
-                    if s >= 0:
-                        for c in range(kp - J * block, kp - J * block + e2 - e):
-                            masks[s, rr, c >> 6] |= np.uint64(1) << np.uint64(c & 63)
-                    e = e2
+            for u in range(nr):
+                kp = run_c[u]
+                J = (kp >> shift) if shift >= 0 else kp // block
+                s = slot[J]
+                if s >= 0:
+                    rr = run_r[u]
+                    for c in range(kp - J * block, kp - J * block + run_n[u]):
+                        masks[s, rr, c >> 6] |= np.uint64(1) << np.uint64(c & 63)
             for t in range(m):
                 slot[touched[t]] = -1
         r0 = r1
-    return qcount, tj[:nt].copy(), tm[:nt].copy(), masks[: nm if fill else 0].copy(), computed
+    return qcount, tj[:nt].copy(), tm[:nt].copy(), masks[: nm if fill else 0].copy(), computed, pairs
