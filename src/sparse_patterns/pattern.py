@@ -22,6 +22,7 @@ import scipy.sparse as sp
 from . import config
 from ._csr import check_csr, freeze, union_rows, upper_entry
 from ._rule import CHUNK_ENTRIES, PatternRule, csr_bytes
+from ._validate import check_binary
 from .layout import BlockLayout, check_block
 
 __all__ = [
@@ -485,14 +486,32 @@ class Pattern:
     ) -> Pattern:
         """Build a pattern from a dense boolean ``(n, n)`` or ``(p, n, n)`` array.
 
-        ``causal=None`` infers it (True when no entry lies above the diagonal).
+        ``dense`` is boolean, or integer or float with every value exactly 0 or
+        1; anything else (2, 0.5, NaN, -1, strings, objects) is refused rather
+        than guessed at. ``causal=None`` infers it (True when no entry lies above
+        the diagonal).
+
+        Raises
+        ------
+        ValueError
+            A shape other than ``(n, n)`` or ``(p, n, n)``, a dtype other than
+            bool, integer or float, or a value other than 0 and 1.
+
+        Examples
+        --------
+        >>> Pattern.from_dense(np.eye(3, dtype=int)).nnz
+        3
+        >>> Pattern.from_dense(np.array([[1, 0], [2, 1]]))
+        Traceback (most recent call last):
+        ...
+        ValueError: dense: values must be 0 or 1 (or bool), got 2 at (1, 0)
         """
         a = np.asarray(dense)
         if a.ndim == 2:
             a = a[None]
         if a.ndim != 3 or a.shape[1] != a.shape[2]:
             raise ValueError(f"dense: expected shape (n, n) or (p, n, n), got {np.shape(dense)}")
-        a = a.astype(bool)
+        a = check_binary("dense", a, np.shape(dense))
         if causal is None:
             causal = not np.triu(a, 1).any()
         return cls(

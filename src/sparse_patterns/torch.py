@@ -2,22 +2,129 @@
 
 The module runs :func:`sparse_patterns.kernels.attention` (forward, saving the
 log-sum-exp) and :func:`sparse_patterns.kernels.attention_backward` (gradients by
-recomputation, no ``n x n`` storage) inside a ``torch.autograd.Function``. This
-module imports torch; ``import sparse_patterns`` does not import it.
+recomputation, no ``n x n`` storage) inside a ``torch.autograd.Function``.
+
+Its backward is itself differentiable, exactly: under ``create_graph=True`` (a
+gradient penalty, a Hessian-vector product) the gradients are recomputed with
+torch operations on the pattern's attended pairs only (gathers and
+``index_add``, never an ``n x n`` array), and autograd differentiates those.
+That path holds ``O(B * nnz * d)`` tensors; their bytes are estimated first and
+refused above :func:`sparse_patterns.config.get_memory_limit`. This module
+imports torch; ``import sparse_patterns`` does not import it.
 """
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
+import numpy as np
 import torch
 
-from .kernels import BLOCK, attention, attention_backward, plan
+from . import config
+from .kernels import BACKWARD_IMPLS, BLOCK, IMPLS, Impl, attention, attention_backward, plan
 from .pattern import Pattern
 
 __all__ = ["SparseAttention", "sparse_attention"]
 
 
+def _check_impl(impl: Any) -> str:
+    """The name of ``impl`` if it has a forward and a backward; a one-line ``ValueError`` if not."""
+    name = impl.value if isinstance(impl, Impl) else impl
+    valid = [k for k in IMPLS if k in BACKWARD_IMPLS]
+    if not isinstance(name, str) or name not in valid:
+        raise ValueError(
+            f"impl: unknown implementation {impl!r}; valid (with a backward): {', '.join(valid)}"
+        )
+    return name
+
+
+def _pairs(pattern: Pattern, mode: str, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(rows, cols)`` int64 index tensors of every softmax group's attended pairs."""
+    mats = [pattern.union()] if mode == "merged" else list(pattern.heads)
+    out = []
+    for m in mats:
+        rows = np.repeat(np.arange(m.shape[0], dtype=np.int64), np.diff(m.indptr))
+        out.append((torch.from_numpy(rows).to(device),
+                    torch.from_numpy(m.indices.astype(np.int64)).to(device)))
+    return out
+
+
+def _graph_bytes(pattern: Pattern, mode: str, shape: tuple[int, ...], itemsize: int) -> int:
+    """Bytes of :func:`_torch_attention` and the graph that differentiating it twice keeps.
+
+    Per attention head and attended pair: the gathered ``q``, ``k`` and ``v`` rows,
+    their products and the gradients of each (about 12 ``d``-vectors), a few
+    scalars, and the int64 indices.
+    """
+    B, H, _, d = shape
+    G = 1 if mode == "merged" else pattern.num_heads
+    nnz = [pattern.nnz] if mode == "merged" else list(pattern.head_nnz)
+    per_head = sum(nnz[h % G] for h in range(H))
+    return B * per_head * (12 * d + 8) * itemsize + 16 * sum(nnz)
+
+
+def _torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: Pattern,
+                     mode: str, scale: float | None) -> torch.Tensor:
+    """Sparse attention written in differentiable torch operations on the attended pairs only.
+
+    Gradients of every order follow from autograd. The softmax is shifted by each
+    row's largest score, detached: the shift cancels, so every derivative is exact.
+    """
+    B, H, n, d = q.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    pairs = _pairs(pattern, mode, q.device)
+    outs = []
+    for h in range(H):
+        rows, cols = pairs[h % len(pairs)]
+        s = (q[:, h, rows] * k[:, h, cols]).sum(-1) * scale  # (B, nnz)
+        top = torch.full((B, n), -torch.inf, dtype=s.dtype, device=s.device)
+        top = top.scatter_reduce(1, rows.expand(B, -1), s.detach(), "amax")
+        e = torch.exp(s - top[:, rows])
+        tot = torch.zeros((B, n), dtype=s.dtype, device=s.device).index_add(1, rows, e)
+        p = e / tot[:, rows]
+        o = torch.zeros((B, n, d), dtype=s.dtype, device=s.device)
+        outs.append(o.index_add(1, rows, p[..., None] * v[:, h, cols]))
+    return torch.stack(outs, 1)
+
+
+def _differentiable_grads(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          grad_out: torch.Tensor) -> list[torch.Tensor | None]:
+    """``(dq, dk, dv)`` as functions of ``q, k, v, grad_out`` that autograd can differentiate."""
+    mode = ctx.plan.mode
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    itemsize = torch.empty((), dtype=compute).element_size()
+    need = _graph_bytes(ctx.pattern, mode, tuple(q.shape), itemsize)
+    limit = config.get_memory_limit()
+    if need > limit:
+        raise config.MemoryLimitError(
+            f"create_graph: differentiating SparseAttention's backward recomputes attention "
+            f"with torch operations on the pattern's attended pairs; at (B, H, n, d) = "
+            f"{tuple(q.shape)} that needs {config.format_bytes(need)}, above the memory limit "
+            f"of {config.format_bytes(limit)} (sparse_patterns.config.set_memory_limit)"
+        )
+    needs = ctx.needs_input_grad[:3]
+    with torch.enable_grad():
+        # one alias per argument: q, k and v may be one tensor, and each gets its own partial
+        args = [t.view_as(t) if want else t.detach() for t, want in zip((q, k, v), needs, strict=True)]
+        out = _torch_attention(*(a.to(compute) for a in args), ctx.pattern, mode, ctx.scale)
+        wanted = [a for a, want in zip(args, needs, strict=True) if want]
+        grads = iter(torch.autograd.grad(out.to(q.dtype), wanted, grad_out, create_graph=True,
+                                         allow_unused=True))
+    res = []
+    for a, want in zip(args, needs, strict=True):
+        g = next(grads) if want else None
+        res.append(torch.zeros_like(a) if want and g is None else g)
+    return res
+
+
 class _SparseAttentionFunction(torch.autograd.Function):
-    """Autograd bridge: forward saves ``(q, k, v, out, lse)``; backward recomputes."""
+    """Autograd bridge: forward saves ``(q, k, v, out, lse)``; backward recomputes.
+
+    Without ``create_graph`` the backward runs the kernel's
+    :func:`~sparse_patterns.kernels.attention_backward`; with it (grad mode on
+    inside backward), :func:`_differentiable_grads`.
+    """
 
     @staticmethod
     def forward(ctx, q, k, v, execution_plan, pattern, scale, impl):  # type: ignore[override]
@@ -27,11 +134,15 @@ class _SparseAttentionFunction(torch.autograd.Function):
                              return_lse=True, block=execution_plan.block)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.target, ctx.plan, ctx.scale, ctx.impl = target, execution_plan, scale, impl
+        ctx.pattern = pattern
         return out
 
     @staticmethod
     def backward(ctx, grad_out):  # type: ignore[override]
         q, k, v, out, lse = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: gradients that are differentiable
+            dq, dk, dv = _differentiable_grads(ctx, q, k, v, grad_out)
+            return dq, dk, dv, None, None, None, None
         dq, dk, dv = attention_backward(
             q.detach(), k.detach(), v.detach(), out, lse, grad_out.contiguous(), ctx.target,
             mode=ctx.plan.mode, impl=ctx.impl, scale=ctx.scale, block=ctx.plan.block,
@@ -56,6 +167,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     >>> x.grad.shape
     torch.Size([1, 2, 16, 8])
     """
+    impl = _check_impl(impl)
     pl = plan(pattern, block=block, mode=mode)
     return _SparseAttentionFunction.apply(q, k, v, pl, pattern, scale, impl)
 
@@ -75,10 +187,24 @@ class SparseAttention(torch.nn.Module):
     scale : float, optional
         Score scale, ``1 / sqrt(d)`` by default.
     impl : str
-        ``"numba"`` (default) or another key of
-        :data:`sparse_patterns.kernels.BACKWARD_IMPLS`.
+        ``"numba"`` (default) or another key of both
+        :data:`sparse_patterns.kernels.IMPLS` and
+        :data:`sparse_patterns.kernels.BACKWARD_IMPLS`; checked here, when the
+        module is made.
     block : int
         Tile size of the plan.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``impl`` (the message lists the valid ones), ``mode`` or ``block``.
+
+    Notes
+    -----
+    Second derivatives are exact: under ``create_graph=True`` the backward is
+    recomputed with differentiable torch operations on the attended pairs (see
+    the module docstring), refused with a ``MemoryLimitError`` when it would
+    pass the memory limit.
 
     Examples
     --------
@@ -92,11 +218,11 @@ class SparseAttention(torch.nn.Module):
     def __init__(self, pattern: Pattern, *, mode: str = "multihead",
                  scale: float | None = None, impl: str = "numba", block: int = BLOCK) -> None:
         super().__init__()
+        self.impl = _check_impl(impl)
         self.plan = plan(pattern, block=block, mode=mode)  # checks pattern, block and mode
         self.pattern = pattern
         self.mode = self.plan.mode
         self.scale = scale
-        self.impl = impl
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return _SparseAttentionFunction.apply(q, k, v, self.plan, self.pattern, self.scale,

@@ -194,14 +194,18 @@ def attention(
     ValueError
         Shapes that disagree (``q``, ``k``, ``v``, ``n`` vs the pattern), an
         unsupported dtype, mixed array kinds, an unknown ``impl`` (the message
-        lists the valid ones) or ``mode``.
+        lists the valid ones) or ``mode``; for ``impl="reference"``, a
+        :class:`~sparse_patterns.config.MemoryLimitError` (a ``ValueError``)
+        when its dense ``(n, n)`` scores would pass the memory limit.
 
     Notes
     -----
     NaN or inf in the inputs propagate as in torch: a row whose scores or
     attended values hold NaN gets NaN. A fused kernel computes whole tiles, so a
     NaN key may also reach rows that share a tile with it without attending it
-    (as in torch's fused kernels); the kernel never crashes.
+    (as in torch's fused kernels); the kernel never crashes. ``"reference"``
+    is exact here too: a non-finite key or value reaches exactly the rows that
+    attend it.
 
     References
     ----------

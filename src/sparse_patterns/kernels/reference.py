@@ -1,20 +1,39 @@
 """The dense reference implementation (``impl="reference"``): masked softmax attention.
 
-It builds the ``(n, n)`` token mask of every softmax group and runs plain
-float64 NumPy, forward and backward, so it is exact and slow; use it for small
-``n`` (it refuses beyond ``pattern.DENSE_LIMIT`` mask cells). It follows the same
-conventions as the fast kernels: a row with no keys gives zeros and a
-log-sum-exp of ``-inf``.
+It builds the ``(n, n)`` token mask of each softmax group and runs plain float64
+NumPy on one ``(n, n)`` score matrix at a time (one batch entry of one head),
+forward and backward, so it is exact and slow; use it for small ``n``. Before
+allocating anything it estimates its bytes (:func:`reference_bytes`) and refuses
+above :func:`sparse_patterns.config.get_memory_limit` with a
+:class:`~sparse_patterns.config.MemoryLimitError`.
+
+It follows the conventions of the fast kernels: a row with no keys gives zeros
+and a log-sum-exp of ``-inf``. NaN and inf propagate as in the row-by-row
+definition (and in torch's scaled dot-product attention): a row whose attended
+scores hold NaN gets NaN (output and log-sum-exp), and an attended value that is
+NaN or inf reaches exactly the rows that attend it. Keys and values a row does
+not attend never reach it (a dense product would spread them as ``0 * inf``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .. import config
 from ..pattern import Pattern
 from .planning import ExecutionPlan
 
-__all__ = ["group_masks", "reference_forward", "reference_backward"]
+__all__ = ["group_masks", "reference_bytes", "reference_forward", "reference_backward"]
+
+#: Bytes per score cell ``(i, j)`` of one ``(n, n)`` slice: the float64 scores (backward:
+#: the probabilities, then the score gradients), the mask and its complement, and at most
+#: 26 more while :func:`_masked_matmul` counts non-finite values (a float64 copy of the
+#: columns that meet them, boolean selections, float32 counts). The tests check it
+#: against the traced peak with every value non-finite.
+_CELL_BYTES = {"forward": 8 + 2 + 26, "backward": 8 + 2 + 26}
+#: float64 ``(B, H, n, d)`` arrays alive at once: forward q, k, v, out (and its cast);
+#: backward q, k, v, o, do, dq, dk, dv (and their casts).
+_ARRAYS = {"forward": 5, "backward": 11}
 
 
 def group_masks(pattern: Pattern, mode: str) -> np.ndarray:
@@ -33,13 +52,89 @@ def group_masks(pattern: Pattern, mode: str) -> np.ndarray:
     return pattern.to_dense()
 
 
-def _scores(q, k, masks, scale):
-    B, H, n, _ = q.shape
-    G = masks.shape[0]
-    m = masks[np.arange(H) % G]  # (H, n, n)
-    s = np.einsum("bhid,bhjd->bhij", q, k) * scale
-    s = np.where(m[None], s, -np.inf)
-    return s, m
+def _group_mask(pattern: Pattern, mode: str, g: int) -> np.ndarray:
+    """``bool (n, n)``: the token mask of softmax group ``g`` (one at a time)."""
+    if mode == "merged":
+        return pattern.union().toarray()
+    return pattern.heads[g].toarray()
+
+
+def reference_bytes(shape: tuple[int, int, int, int], *, backward: bool = False) -> int:
+    """Bytes the reference allocates at most for ``(B, H, n, d)`` inputs.
+
+    One ``(n, n)`` slice of scores at a time (:data:`_CELL_BYTES` per cell), plus
+    the float64 copies of the ``(B, H, n, d)`` arrays and the log-sum-exp.
+
+    Examples
+    --------
+    >>> reference_bytes((1, 8, 8192, 64)) > 1 << 30
+    True
+    """
+    B, H, n, d = (int(x) for x in shape)
+    key = "backward" if backward else "forward"
+    return n * n * _CELL_BYTES[key] + 8 * B * H * n * (d * _ARRAYS[key] + 2)
+
+
+def _check_fits(shape: tuple[int, ...], backward: bool) -> None:
+    need = reference_bytes(tuple(shape), backward=backward)  # type: ignore[arg-type]
+    limit = config.get_memory_limit()
+    if need > limit:
+        B, H, n, d = shape
+        raise config.MemoryLimitError(
+            f"impl: 'reference' computes dense (n, n) scores in float64; at (B, H, n, d) = "
+            f"({B}, {H}, {n}, {d}) its {'backward' if backward else 'forward'} needs "
+            f"{config.format_bytes(need)}, above the memory limit of "
+            f"{config.format_bytes(limit)} (sparse_patterns.config.set_memory_limit); "
+            "use impl='numba'"
+        )
+
+
+def _masked_matmul(p: np.ndarray, x: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """``out[r] = sum of p[r, c] * x[c]`` over the ``c`` with ``m[r, c]``, in IEEE arithmetic.
+
+    ``p`` is 0 where ``m`` is False; a plain ``p @ x`` would turn a NaN or inf in
+    a row ``x[c]`` that ``r`` does not attend into NaN (``0 * inf``). The finite
+    part is one product; the non-finite entries of ``x`` (rows ``J``) are added
+    from hit counts: NaN where an attended one is NaN, or is inf with ``p == 0``,
+    or where both signs of inf meet; else ``+-inf`` with the sign of ``p * x``.
+    """
+    finite = np.isfinite(x)
+    if finite.all():
+        return p @ x
+    out = p @ np.where(finite, x, 0.0)
+    J = np.flatnonzero(~finite.all(axis=1))  # rows of x holding NaN or inf
+    xj = x[J]
+    pos = (xj == np.inf).astype(np.float32)
+    neg = (xj == -np.inf).astype(np.float32)
+    mj, pj = m[:, J], p[:, J]
+
+    def hits(sel: np.ndarray, flags: np.ndarray) -> np.ndarray:
+        return (sel.astype(np.float32) @ flags) > 0
+
+    nan = hits(mj, np.isnan(xj).astype(np.float32))
+    nan |= hits(mj & ~((pj > 0) | (pj < 0)), pos + neg)  # 0 * inf (or NaN p)
+    up = pj > 0
+    plus = hits(mj & up, pos)
+    minus = hits(mj & up, neg)
+    down = pj < 0
+    plus |= hits(mj & down, neg)
+    minus |= hits(mj & down, pos)
+    out[plus] += np.inf
+    out[minus] -= np.inf
+    out[nan | (plus & minus)] = np.nan
+    return out
+
+
+def _slices(pattern: Pattern, mode: str, B: int, H: int):
+    """Yield ``(b, h, mask, not_mask)`` for every batch entry and head, one group mask at a time."""
+    G = 1 if mode == "merged" else pattern.num_heads
+    for g in range(min(G, H)):
+        m = _group_mask(pattern, mode, g)  # (n, n)
+        notm = ~m
+        for h in range(g, H, G):
+            for b in range(B):
+                yield b, h, m, notm
+        del m, notm
 
 
 def reference_forward(
@@ -47,6 +142,11 @@ def reference_forward(
     *, scale: float,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Dense masked softmax: ``(out, lse)`` with ``out`` in ``q``'s dtype.
+
+    Raises
+    ------
+    MemoryLimitError
+        (a ``ValueError``) when :func:`reference_bytes` passes the memory limit.
 
     Examples
     --------
@@ -56,19 +156,31 @@ def reference_forward(
     >>> o, lse = reference_forward(q, q, q, pat, sps.plan(pat), scale=0.5)
     >>> o.shape, lse.shape
     ((1, 1, 8, 4), (1, 1, 8))
+    >>> k = q.copy()
+    >>> k[0, 0, 3, 0] = np.nan  # a NaN key: exactly the rows that attend key 3 are NaN
+    >>> o, lse = reference_forward(q, k, q, pat, sps.plan(pat), scale=0.5)
+    >>> np.isnan(lse[0, 0]).astype(int).tolist(), pat.heads[0][:, 3].T.toarray().astype(int).tolist()
+    ([0, 0, 0, 1, 1, 1, 0, 0], [[0, 0, 0, 1, 1, 1, 0, 0]])
     """
-    masks = group_masks(pattern, plan.mode)
+    _check_fits(q.shape, backward=False)
+    B, H, n, d = q.shape
     q64, k64, v64 = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
-    s, m = _scores(q64, k64, masks, scale)
-    with np.errstate(invalid="ignore", over="ignore"):
-        mx = s.max(axis=-1, keepdims=True)
-        mx = np.where(np.isneginf(mx), 0.0, mx)
-        e = np.where(m[None], np.exp(s - mx), 0.0)
-        tot = e.sum(axis=-1, keepdims=True)
-        with np.errstate(divide="ignore"):
-            lse = (np.log(tot) + mx)[..., 0]
-        p = np.where(tot > 0, e / np.where(tot > 0, tot, 1.0), 0.0)
-        out = np.einsum("bhij,bhjd->bhid", p, v64)
+    out = np.zeros((B, H, n, d))
+    lse = np.full((B, H, n), -np.inf)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        for b, h, m, notm in _slices(pattern, plan.mode, B, H):
+            s = q64[b, h] @ k64[b, h].T  # (n, n)
+            s *= scale
+            np.putmask(s, notm, -np.inf)
+            mx = s.max(axis=1)  # NaN where an attended score is NaN
+            mx[np.isneginf(mx)] = 0.0  # rows with no keys
+            s -= mx[:, None]
+            np.exp(s, out=s)
+            tot = s.sum(axis=1)
+            lse[b, h] = np.log(tot) + mx
+            s /= np.where(tot == 0, 1.0, tot)[:, None]  # a NaN total stays NaN
+            out[b, h] = _masked_matmul(s, v64[b, h], m)
+            del s
     return out.astype(q.dtype), lse.astype(q.dtype)
 
 
@@ -77,6 +189,14 @@ def reference_backward(
     do: np.ndarray, pattern: Pattern, plan: ExecutionPlan, *, scale: float,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Dense gradients ``(dq, dk, dv)`` recomputed from ``lse``.
+
+    Rows without keys (``lse = -inf``) get zero gradients; NaN propagates as in
+    the forward.
+
+    Raises
+    ------
+    MemoryLimitError
+        (a ``ValueError``) when :func:`reference_bytes` passes the memory limit.
 
     Examples
     --------
@@ -88,16 +208,29 @@ def reference_backward(
     >>> [g.shape for g in reference_backward(x, x, x, o, lse, x, pat, pl, scale=1.0)]
     [(1, 1, 4, 2), (1, 1, 4, 2), (1, 1, 4, 2)]
     """
-    masks = group_masks(pattern, plan.mode)
+    _check_fits(q.shape, backward=True)
+    B, H, n, d = q.shape
     q64, k64, v64, o64, do64 = (np.asarray(a, dtype=np.float64) for a in (q, k, v, o, do))
-    s, m = _scores(q64, k64, masks, scale)
-    lse64 = np.asarray(lse, dtype=np.float64)[..., None]
+    lse64 = np.asarray(lse, dtype=np.float64)
+    dq, dk, dv = (np.zeros((B, H, n, d)) for _ in range(3))
     with np.errstate(invalid="ignore", over="ignore"):
-        p = np.where(m[None] & np.isfinite(lse64), np.exp(s - lse64), 0.0)
-        dv = np.einsum("bhij,bhid->bhjd", p, do64)
-        dp = np.einsum("bhid,bhjd->bhij", do64, v64)
-        delta = (do64 * o64).sum(-1, keepdims=True)
-        ds = np.where(m[None], p * (dp - delta), 0.0)
-        dq = np.einsum("bhij,bhjd->bhid", ds, k64) * scale
-        dk = np.einsum("bhij,bhid->bhjd", ds, q64) * scale
+        for b, h, m, notm in _slices(pattern, plan.mode, B, H):
+            L = lse64[b, h]
+            p = q64[b, h] @ k64[b, h].T  # (n, n): the probabilities, recomputed
+            p *= scale
+            p -= L[:, None]
+            np.exp(p, out=p)
+            np.putmask(p, notm, 0.0)
+            p[np.isneginf(L)] = 0.0  # rows with no keys
+            dv[b, h] = _masked_matmul(p.T, do64[b, h], m.T)
+            ds = do64[b, h] @ v64[b, h].T  # dp, then ds = p * (dp - delta)
+            ds -= (do64[b, h] * o64[b, h]).sum(axis=1)[:, None]
+            ds *= p
+            del p
+            np.putmask(ds, notm, 0.0)
+            dq[b, h] = _masked_matmul(ds, k64[b, h], m)
+            dk[b, h] = _masked_matmul(ds.T, q64[b, h], m.T)
+            del ds
+    dq *= scale
+    dk *= scale
     return dq.astype(q.dtype), dk.astype(q.dtype), dv.astype(q.dtype)

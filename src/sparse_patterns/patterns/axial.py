@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validate import check_bool, check_int
+from .._validate import MAX_N, check_bool, check_int
 from ..pattern import Pattern
 from ._build import progression_rule, with_union
 from ._flex import Rule, causal_rule
@@ -51,7 +51,7 @@ def axial2d(
     >>> pat.heads[0][5].indices.tolist(), pat.heads[1][5].indices.tolist()
     ([3, 4, 5], [2, 5])
     """
-    n = check_int("n", n, 1)
+    n = check_int("n", n, 1, MAX_N)
     h, w = raster(n, height, width)
     causal = check_bool("causal", causal)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validate import check_bool, check_int
+from .._validate import MAX_N, check_bool, check_int
 from ..pattern import Pattern
 from ._build import progression_rule
 from ._flex import Rule, band
@@ -43,7 +43,7 @@ def factorized(n: int, p: int = 2, causal: bool = True) -> Pattern:
     Parameters
     ----------
     n : int
-        Sequence length, ``>= 1``.
+        Sequence length, in ``[1, 2^31 - 1]``.
     p : int
         Number of heads, ``>= 1``.
     causal : bool
@@ -60,7 +60,7 @@ def factorized(n: int, p: int = 2, causal: bool = True) -> Pattern:
     >>> pat.heads[2][26].indices.tolist()  # l = 3: distances 0, 9, 18
     [8, 17, 26]
     """
-    n = check_int("n", n, 1)
+    n = check_int("n", n, 1, MAX_N)
     p = check_int("p", p, 1, 64)
     causal = check_bool("causal", causal)
     l = root_of(n, p)

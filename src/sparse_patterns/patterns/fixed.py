@@ -11,20 +11,34 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validate import check_bool, check_int
+from .._validate import MAX_N, check_bool, check_int, check_size
 from ..pattern import Pattern, PatternRule
 from ._blocks import block_bounds, layout_of
 from ._build import prefix_csr, progression_csr, with_union
 from ._flex import Rule, causal_rule
 from .registry import register
 
-__all__ = ["fixed", "summary_columns"]
+__all__ = ["fixed", "summary_columns", "MAX_HEADS"]
+
+#: Most summary heads (``summary_heads``) a fixed pattern may have, as
+#: :func:`~sparse_patterns.patterns.factorized.factorized` bounds ``p``.
+MAX_HEADS = 64
 
 
 def summary_columns(n: int, stride: int, lo: int, hi: int) -> np.ndarray:
-    """Sorted columns ``j < n`` with ``j mod stride in [lo, hi)``."""
+    """Sorted columns ``j < n`` with ``j mod stride in [lo, hi)``.
+
+    Offsets at or beyond ``n`` give no column, so at most ``n`` of them are
+    made: O(n) memory even when ``hi - lo`` (``c``) is far larger than ``n``.
+
+    Examples
+    --------
+    >>> summary_columns(10, 4, 2, 4).tolist(), summary_columns(5, 10**9, 0, 10**9).tolist()
+    ([2, 3, 6, 7], [0, 1, 2, 3, 4])
+    """
     starts = np.arange(0, n, stride, dtype=np.int64)
-    cols = (starts[:, None] + np.arange(lo, hi, dtype=np.int64)[None, :]).ravel()
+    offsets = np.arange(min(lo, n), min(hi, n), dtype=np.int64)
+    cols = (starts[:, None] + offsets[None, :]).ravel()
     return cols[cols < n]
 
 
@@ -86,13 +100,13 @@ def fixed(
     Parameters
     ----------
     n : int
-        Sequence length, ``>= 1``.
+        Sequence length, in ``[1, 2^31 - 1]``.
     stride : int
-        ``l``, the block length, ``>= 1``.
+        ``l``, the block length, in ``[1, 2^31 - 1]`` (``l >= n`` makes one block).
     c : int, optional
         Summary positions per block, in ``[1, l]``; default ``max(1, l // 8)``.
     summary_heads : int
-        ``k >= 1`` distinct summary sub-blocks; ``k * c <= l``.
+        ``k`` in ``[1, 64]`` distinct summary sub-blocks; ``k * c <= l``.
     causal : bool
         Causal (``j <= i``) or bidirectional.
 
@@ -113,12 +127,12 @@ def fixed(
     >>> fixed(8, stride=4, c=1, summary_heads=2).heads[2][7].indices.tolist()
     [2, 6]
     """
-    n = check_int("n", n, 1)
-    stride = check_int("stride", stride, 1)
+    n = check_int("n", n, 1, MAX_N)
+    stride = check_size("stride", stride)
     if c is None:
         c = max(1, stride // 8)
     c = check_int("c", c, 1, stride)
-    k = check_int("summary_heads", summary_heads, 1)
+    k = check_int("summary_heads", summary_heads, 1, MAX_HEADS)
     if k * c > stride:
         raise ValueError(
             f"summary_heads: k * c must be <= stride ({stride}); got k={k}, c={c} (k * c = {k * c})"

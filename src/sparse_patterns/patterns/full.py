@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validate import check_bool, check_int
+from .._validate import MAX_N, check_bool, check_int
 from ..pattern import Pattern
 from ._blocks import distance_band, layout_of
 from ._build import progression_rule
@@ -26,7 +26,7 @@ def full(n: int, causal: bool = True) -> Pattern:
     Parameters
     ----------
     n : int
-        Sequence length, ``>= 1``.
+        Sequence length, in ``[1, 2^31 - 1]``.
     causal : bool
         Lower triangle (default) or every pair.
 
@@ -40,7 +40,7 @@ def full(n: int, causal: bool = True) -> Pattern:
     >>> full(4).nnz, full(4, causal=False).nnz
     (10, 16)
     """
-    n = check_int("n", n, 1)
+    n = check_int("n", n, 1, MAX_N)
     causal = check_bool("causal", causal)
 
     def spec(i: np.ndarray):

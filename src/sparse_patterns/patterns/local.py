@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validate import check_bool, check_int
+from .._validate import MAX_N, check_bool, check_int, check_size
 from ..pattern import Pattern, PatternRule
 from ._blocks import distance_band, layout_of
 from ._build import Progression, local2d_counts, local2d_csr, progression_rule
@@ -31,9 +31,9 @@ def local(n: int, window: int, causal: bool = True) -> Pattern:
     Parameters
     ----------
     n : int
-        Sequence length, ``>= 1``.
+        Sequence length, in ``[1, 2^31 - 1]``.
     window : int
-        ``w >= 0``: the number of earlier positions each position sees.
+        ``w`` in ``[0, 2^31 - 1]``: the number of earlier positions each position sees.
     causal : bool
         Causal (default) or bidirectional.
 
@@ -59,11 +59,11 @@ def dilated(n: int, window: int, dilation: int, causal: bool = True) -> Pattern:
     Parameters
     ----------
     n : int
-        Sequence length, ``>= 1``.
+        Sequence length, in ``[1, 2^31 - 1]``.
     window : int
-        ``w >= 0`` positions on each side (besides ``i`` itself).
+        ``w`` in ``[0, 2^31 - 1]`` positions on each side (besides ``i`` itself).
     dilation : int
-        ``d >= 1``.
+        ``d`` in ``[1, 2^31 - 1]``.
     causal : bool
         Causal (default) or bidirectional.
 
@@ -95,9 +95,9 @@ def dilated_rows(n: int, window: int, d: int, causal: bool, i: np.ndarray) -> Pr
 
 
 def _dilated(n: int, window: int, dilation: int, causal: bool, _name: str) -> Pattern:
-    n = check_int("n", n, 1)
-    window = check_int("window", window, 0)
-    d = check_int("dilation", dilation, 1)
+    n = check_int("n", n, 1, MAX_N)
+    window = check_size("window", window, 0)
+    d = check_size("dilation", dilation)
     causal = check_bool("causal", causal)
     params = {"window": window, "causal": causal}
     if _name == "dilated":
@@ -126,13 +126,13 @@ def raster(n: int, height: int | None, width: int | None) -> tuple[int, int]:
             )
         return r, r
     if height is None:
-        width = check_int("width", width, 1)
+        width = check_size("width", width, 1, n)
         height = n // width
     elif width is None:
-        height = check_int("height", height, 1)
+        height = check_size("height", height, 1, n)
         width = n // height
-    height = check_int("height", height, 1)
-    width = check_int("width", width, 1)
+    height = check_size("height", height, 1, n)
+    width = check_size("width", width, 1, n)
     if height * width != n:
         raise ValueError(f"height: height * width must equal n={n}; got {height} x {width}")
     return height, width
@@ -160,11 +160,11 @@ def local2d(
     n : int
         ``height * width``.
     height, width : int, optional
-        The raster; a square by default.
+        The raster, each in ``[1, n]``; a square by default.
     query_block : int
-        Side of the query blocks, ``>= 1``.
+        Side of the query blocks, in ``[1, 2^31 - 1]``.
     memory : int
-        Margin of the memory block, ``>= 0``.
+        Margin of the memory block, in ``[0, 2^31 - 1]``.
     causal : bool
         Raster-order causal (default) or bidirectional.
 
@@ -179,10 +179,10 @@ def local2d(
     >>> pat.heads[0][10].indices.tolist()  # (row 2, col 2): rows 1-2, cols 1-3, j <= 10
     [5, 6, 7, 9, 10]
     """
-    n = check_int("n", n, 1)
+    n = check_int("n", n, 1, MAX_N)
     h, w = raster(n, height, width)
-    q = check_int("query_block", query_block, 1)
-    m = check_int("memory", memory, 0)
+    q = check_size("query_block", query_block)
+    m = check_size("memory", memory, 0)
     causal = check_bool("causal", causal)
     params = {"height": h, "width": w, "query_block": q, "memory": m, "causal": causal}
 

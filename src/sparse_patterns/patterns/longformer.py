@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validate import check_bool, check_int
+from .._validate import MAX_N, check_bool, check_int, check_size
 from ..pattern import Pattern
 from ._build import progression_rule
 from ._flex import Rule, causal_rule, dilated_band
@@ -36,13 +36,13 @@ def longformer(
     Parameters
     ----------
     n : int
-        Sequence length, ``>= 1``.
+        Sequence length, in ``[1, 2^31 - 1]``.
     window : int
-        ``w >= 0``.
+        ``w`` in ``[0, 2^31 - 1]``.
     global_tokens : int
         ``g`` in ``[0, n]``.
     dilation : int
-        ``d >= 1``.
+        ``d`` in ``[1, 2^31 - 1]``.
     causal : bool
         Causal (default) or bidirectional.
 
@@ -62,10 +62,10 @@ def longformer(
     >>> pat.union()[7].indices.tolist()
     [0, 1, 6, 7]
     """
-    n = check_int("n", n, 1)
-    window = check_int("window", window, 0)
+    n = check_int("n", n, 1, MAX_N)
+    window = check_size("window", window, 0)
     g = check_int("global_tokens", global_tokens, 0, n)
-    d = check_int("dilation", dilation, 1)
+    d = check_size("dilation", dilation)
     causal = check_bool("causal", causal)
     params = {"window": window, "global_tokens": g, "dilation": d, "causal": causal}
 

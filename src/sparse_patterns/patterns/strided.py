@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validate import check_bool, check_choice, check_int
+from .._validate import MAX_N, check_bool, check_choice, check_int, check_size
 from ..pattern import Pattern
 from ._blocks import distance_band, distance_multiple, layout_of
 from ._build import progression_rule, with_union
@@ -42,9 +42,10 @@ def strided(n: int, stride: int, window: str = "paper", causal: bool = True) -> 
     Parameters
     ----------
     n : int
-        Sequence length, ``>= 1``.
+        Sequence length, in ``[1, 2^31 - 1]``.
     stride : int
-        ``l``, ``>= 1``; the paper uses ``l ~ sqrt(n)``.
+        ``l`` in ``[1, 2^31 - 1]``; the paper uses ``l ~ sqrt(n)`` (any ``l >= n``
+        gives the heads of ``l = n``).
     window : {"paper", "reference"}
         ``"paper"``: ``A1_i = {max(0, i-l) .. i}``; ``"reference"``: ``{i-l+1 .. i}``.
     causal : bool
@@ -68,8 +69,8 @@ def strided(n: int, stride: int, window: str = "paper", causal: bool = True) -> 
     >>> strided(8, stride=3, window="reference").heads[0][7].indices.tolist()
     [5, 6, 7]
     """
-    n = check_int("n", n, 1)
-    stride = check_int("stride", stride, 1)
+    n = check_int("n", n, 1, MAX_N)
+    stride = check_size("stride", stride)
     window = check_choice("window", window, ("paper", "reference"))
     causal = check_bool("causal", causal)
     w = _window_width(stride, window)

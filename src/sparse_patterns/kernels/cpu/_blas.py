@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import threading
 from collections.abc import Iterator
 
 import numba
@@ -24,7 +25,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-__all__ = ["single_threaded_blas", "_gemm", "_N", "_T", "_threads_for"]
+__all__ = ["single_threaded_blas", "blas_thread_counts", "_gemm", "_N", "_T", "_threads_for"]
 
 
 # --------------------------------------------------------------------- BLAS
@@ -108,14 +109,22 @@ def _openblas_controls() -> list[tuple]:
 
 
 _CONTROLS: list[tuple] | None = None
+#: Calls inside :func:`single_threaded_blas` now, and the thread counts saved by the first.
+_HOLD: dict = {"depth": 0, "saved": []}
+_HOLD_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
 def single_threaded_blas() -> Iterator[None]:
-    """Hold every loaded OpenBLAS to one thread, then restore its setting.
+    """Hold every loaded OpenBLAS to one thread while any kernel call runs, then restore it.
 
     The kernels call BLAS from each of their own threads; a multi-threaded BLAS
     inside would oversubscribe the cores (and OpenBLAS warns about OpenMP loops).
+    OpenBLAS has one thread count per process, so the holds of concurrent calls
+    (several Python threads running kernels at once, or a nested call) are
+    counted under a lock: the first to enter saves the thread counts and sets 1,
+    the last to leave restores what the first saved. Between two calls, and
+    after them, the process's setting is its own again.
 
     Examples
     --------
@@ -125,16 +134,41 @@ def single_threaded_blas() -> Iterator[None]:
     global _CONTROLS
     import scipy.linalg.cython_blas  # noqa: F401  (numba's np.dot calls this BLAS)
 
-    if _CONTROLS is None:
-        _CONTROLS = _openblas_controls()
-    saved = [(setter, getter()) for setter, getter in _CONTROLS]
-    for setter, _ in saved:
-        setter(1)
+    with _HOLD_LOCK:
+        if _CONTROLS is None:
+            _CONTROLS = _openblas_controls()
+        if _HOLD["depth"] == 0:
+            _HOLD["saved"] = [(setter, getter()) for setter, getter in _CONTROLS]
+            for setter, _ in _HOLD["saved"]:
+                setter(1)
+        _HOLD["depth"] += 1
     try:
         yield
     finally:
-        for setter, old in saved:
-            setter(old)
+        with _HOLD_LOCK:
+            _HOLD["depth"] -= 1
+            if _HOLD["depth"] == 0:
+                for setter, old in _HOLD["saved"]:
+                    setter(old)
+                _HOLD["saved"] = []
+
+
+def blas_thread_counts() -> list[int]:
+    """The thread count of every loaded OpenBLAS, read through the controls
+    :func:`single_threaded_blas` sets (empty where none is found).
+
+    Examples
+    --------
+    >>> all(c >= 1 for c in blas_thread_counts())
+    True
+    """
+    global _CONTROLS
+    import scipy.linalg.cython_blas  # noqa: F401
+
+    with _HOLD_LOCK:
+        if _CONTROLS is None:
+            _CONTROLS = _openblas_controls()
+        return [getter() for _, getter in _CONTROLS]
 
 
 _SMALL_FLOPS = 5e7  # below this (about a millisecond), one thread beats waking up more
