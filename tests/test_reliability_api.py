@@ -461,3 +461,15 @@ def test_check_int_leaves_out_the_no_bound_sentinel():
     with pytest.raises(ValueError, match=r"^x: must be an integer \[1, 4\], got about 10\^10000$"):
         check_int("x", 10**10000, 1, 4)  # str() of it would itself raise
     assert check_int("x", -(10**18), NO_LOWER_BOUND) == -(10**18)
+
+
+def test_counts_at_an_absurd_n_are_refused_before_allocating():
+    pat = sps.make("strided", 2**31 - 1)
+    tracemalloc.start()
+    try:
+        for read in (pat.row_counts, lambda: pat.nnz, lambda: pat.head_nnz):
+            with pytest.raises(config.MemoryLimitError, match=r"^n: \|A_i\| of strided at n=2,147,483,647"):
+                read()
+        assert tracemalloc.get_traced_memory()[1] < 1 << 20
+    finally:
+        tracemalloc.stop()

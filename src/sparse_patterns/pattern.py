@@ -239,9 +239,26 @@ class Pattern:
             self._rule is not None and (self._rule.counts is not None or self._rule.rows is not None)
         )
 
+    def _check_counts_fit(self, rows: int) -> None:
+        """Refuse before allocating ``rows`` int64 counts per token (and as many temporaries).
+
+        Per-token bookkeeping under 256 MiB (n up to millions) is always allowed:
+        the memory limit guards what grows faster than n.
+        """
+        need = 2 * 8 * rows * self._n
+        limit = max(config.get_memory_limit(), 256 << 20)
+        if need > limit:
+            raise config.MemoryLimitError(
+                f"n: |A_i| of {self._name} at n={self._n:,} ({rows} rows of counts) needs "
+                f"{config.format_bytes(need)}, above the memory limit of "
+                f"{config.format_bytes(limit)} (sparse_patterns.config.set_memory_limit); "
+                "use a smaller n"
+            )
+
     def _head_counts(self) -> np.ndarray:
         """``int64 (p, n)``: ``|A_i|`` per head, from the CSR, the rule, or streamed rows."""
         if self._counts is None:
+            self._check_counts_fit(self.num_heads)
             if self._heads is not None:
                 counts = np.stack([np.diff(h.indptr).astype(np.int64) for h in self._heads])
             elif self._rule is not None and self._rule.counts is not None:
@@ -451,6 +468,7 @@ class Pattern:
         numpy.ndarray
             ``int64 (p + 1, n)``: row ``m < p`` is head ``m``, the last row the union.
         """
+        self._check_counts_fit(self.num_heads + 1)
         out = np.empty((self.num_heads + 1, self._n), dtype=np.int64)
         out[:-1] = self._head_counts()
         if self.num_heads == 1:
