@@ -22,6 +22,7 @@ Examples
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -211,10 +212,13 @@ CATALOG: dict[str, Family] = {f.name: f for f in (
 )}
 
 
-def describe() -> list[dict[str, Any]]:
-    """The families, sorted by name: parameters with defaults, description, reference.
+def describe(families: Iterable[Any] | None = None) -> list[dict[str, Any]]:
+    """The families (default: the catalog), sorted by name: parameters with defaults,
+    description, reference.
 
-    What ``patterns list`` prints (``--json`` prints this list as is).
+    What ``patterns list`` prints (``--json`` prints this list as is). Any objects
+    with ``name``, ``params``, ``description`` and ``reference`` will do (the
+    registry's specs).
 
     Examples
     --------
@@ -229,5 +233,5 @@ def describe() -> list[dict[str, Any]]:
             "description": f.description,
             "reference": f.reference,
         }
-        for f in sorted(CATALOG.values(), key=lambda f: f.name)
+        for f in sorted(CATALOG.values() if families is None else families, key=lambda f: f.name)
     ]

@@ -46,6 +46,34 @@ def _lower(a, lo, hi, x):  # pragma: no cover - compiled
     return lo
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _held_before(ptrs, idxs, h, r, flag, stamp):  # pragma: no cover - compiled
+    """Flag (``flag[e - lo] = stamp``) the entries of head ``h``'s row ``r`` that an
+    earlier head holds; return the entry range ``[fmin, fmax)`` holding the flags
+    (``fmin = fmax = hi``: none). Only the entries between the first and last
+    column of each earlier row are searched, a binary search each."""
+    ind = idxs[h]
+    lo_e, hi_e = ptrs[h][r], ptrs[h][r + 1]
+    fmin, fmax = hi_e, lo_e
+    for h2 in range(h):
+        cat = idxs[h2]
+        a2, b2 = ptrs[h2][r], ptrs[h2][r + 1]
+        if a2 == b2:
+            continue
+        s0 = _lower(ind, lo_e, hi_e, cat[a2])
+        s1 = _lower(ind, s0, hi_e, cat[b2 - 1] + 1)
+        p = a2
+        for e in range(s0, s1):
+            p = _lower(cat, p, b2, ind[e])
+            if p < b2 and cat[p] == ind[e]:
+                flag[e - lo_e] = stamp
+                fmin = min(fmin, e)
+                fmax = max(fmax, e + 1)
+    if fmin >= fmax:
+        return hi_e, hi_e
+    return fmin, fmax
+
+
 @numba.njit(cache=True, nogil=True)
 def piece_rows(ptrs, idxs, member):  # pragma: no cover - compiled
     """Rows of a merged piece: entries of the member heads that no earlier head holds.
@@ -88,29 +116,12 @@ def piece_rows(ptrs, idxs, member):  # pragma: no cover - compiled
             stamp += 1
             ind = idxs[h]
             lo_e, hi_e = ptrs[h][r], ptrs[h][r + 1]
-            flagged = False
-            for h2 in range(h):
-                cat = idxs[h2]
-                a2, b2 = ptrs[h2][r], ptrs[h2][r + 1]
-                if a2 == b2:
-                    continue
-                s0 = _lower(ind, lo_e, hi_e, cat[a2])
-                s1 = _lower(ind, s0, hi_e, cat[b2 - 1] + 1)
-                p = a2
-                for e in range(s0, s1):
-                    p = _lower(cat, p, b2, ind[e])
-                    if p < b2 and cat[p] == ind[e]:
-                        flag[e - lo_e] = stamp
-                        flagged = True
+            fmin, fmax = _held_before(ptrs, idxs, h, r, flag, stamp)
             seg[ns] = tk
-            if flagged:
-                for e in range(lo_e, hi_e):
-                    if flag[e - lo_e] != stamp:
-                        tmp[tk] = ind[e]
-                        tk += 1
-            else:
-                tmp[tk : tk + hi_e - lo_e] = ind[lo_e:hi_e]
-                tk += hi_e - lo_e
+            for e in range(lo_e, hi_e):
+                if e < fmin or e >= fmax or flag[e - lo_e] != stamp:
+                    tmp[tk] = ind[e]
+                    tk += 1
             if seg[ns] < tk:
                 ns += 1
         seg[ns] = tk
@@ -164,34 +175,6 @@ def _run(indices, e, end, kpos, step, block, shift):  # pragma: no cover - compi
     while e2 < lim and indices[e2] - indices[e2 - 1] == step:
         e2 += 1
     return kp, J, e2
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _held_before(ptrs, idxs, h, r, flag, stamp):  # pragma: no cover - compiled
-    """Flag (``flag[e - lo] = stamp``) the entries of head ``h``'s row ``r`` that an
-    earlier head holds; return the entry range ``[fmin, fmax)`` holding the flags
-    (``fmin = fmax = hi``: none). Only the entries between the first and last
-    column of each earlier row are searched, a binary search each."""
-    ind = idxs[h]
-    lo_e, hi_e = ptrs[h][r], ptrs[h][r + 1]
-    fmin, fmax = hi_e, lo_e
-    for h2 in range(h):
-        cat = idxs[h2]
-        a2, b2 = ptrs[h2][r], ptrs[h2][r + 1]
-        if a2 == b2:
-            continue
-        s0 = _lower(ind, lo_e, hi_e, cat[a2])
-        s1 = _lower(ind, s0, hi_e, cat[b2 - 1] + 1)
-        p = a2
-        for e in range(s0, s1):
-            p = _lower(cat, p, b2, ind[e])
-            if p < b2 and cat[p] == ind[e]:
-                flag[e - lo_e] = stamp
-                fmin = min(fmin, e)
-                fmax = max(fmax, e + 1)
-    if fmin >= fmax:
-        return hi_e, hi_e
-    return fmin, fmax
 
 
 @numba.njit(cache=True, nogil=True)

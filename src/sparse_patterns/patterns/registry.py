@@ -18,6 +18,7 @@ from typing import Any
 
 from .._validate import MAX_N, check_int
 from ..catalog import CATALOG, Param, root_of
+from ..catalog import describe as catalog_rows
 from ..pattern import Pattern
 
 __all__ = [
@@ -155,12 +156,4 @@ def describe() -> list[dict[str, Any]]:
     >>> row["params"]
     {'stride': 'sqrt', 'window': 'paper', 'causal': True}
     """
-    return [
-        {
-            "name": spec.name,
-            "params": {p.name: p.default for p in spec.params},
-            "description": spec.description,
-            "reference": spec.reference,
-        }
-        for spec in sorted(REGISTRY.values(), key=lambda s: s.name)
-    ]
+    return catalog_rows(REGISTRY.values())
