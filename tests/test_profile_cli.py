@@ -13,8 +13,8 @@ from sparse_patterns import kernels
 from sparse_patterns.cli import app
 from sparse_patterns.profiling import _run as prof
 
-FAST = ["--impls", "reference", "--baselines", "none", "--repeats", "1", "--heads", "2",
-        "--head-dim", "8"]
+BASE = ["--impls", "reference", "--repeats", "1", "--heads", "2", "--head-dim", "8"]
+FAST = [*BASE, "--baselines", "none"]
 
 
 @pytest.fixture(autouse=True)
@@ -99,7 +99,7 @@ def test_default_table_fits_80_columns(baselines, columns_80):
     """Piped into an 80-column terminal: no cell cut to "…", no line over 80 characters."""
     if baselines != "none":
         pytest.importorskip("torch")
-    r = CliRunner().invoke(app, ["profile", "longformer", "strided", "--n", "64,1000", *FAST,
+    r = CliRunner().invoke(app, ["profile", "longformer", "strided", "--n", "64,1000", *BASE,
                                  "--baselines", baselines], env={"COLUMNS": "80"})
     assert r.exit_code == 0, r.output
     assert "…" not in r.stdout
@@ -113,7 +113,7 @@ def test_default_table_fits_80_columns(baselines, columns_80):
 
 def test_wide_shows_every_column(columns_80):
     pytest.importorskip("torch")
-    r = CliRunner().invoke(app, ["profile", "strided", "--n", "64", "--stride", "8", *FAST,
+    r = CliRunner().invoke(app, ["profile", "strided", "--n", "64", "--stride", "8", *BASE,
                                  "--baselines", "sdpa", "--wide"], env={"COLUMNS": "80"})
     assert r.exit_code == 0, r.output
     assert "…" not in r.stdout

@@ -56,7 +56,7 @@ def test_views_and_options(tmp_path, args):
         (["strided", "--n", "16", "--heads", "B"], "heads: unknown head 'B'"),
         (["strided", "--n", "16", "--stride", "0"], "stride"),
         (["nosuch", "--n", "16"], "name: unknown pattern 'nosuch'"),
-        (["strided", "--n", "16", "--tile", "0"], "block: must be an integer >= 1"),
+        (["strided", "--n", "16", "--tile", "0"], "tile: must be an integer >= 1"),
     ],
 )
 def test_bad_input_one_line_exit_2_no_file(tmp_path, args, message):

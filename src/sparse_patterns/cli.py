@@ -2,8 +2,10 @@
 
 Every command parses its arguments, calls one library function that returns
 data, and prints it (the result's ``table()``, or JSON with ``--json``). Bad
-input is one line on stderr and exit status 2; a pattern that fails
-verification exits 1. Commands, in the order ``patterns --help`` lists them:
+input (a bad or repeated option, a size that does not fit, a malformed file) is
+one line on stderr and exit status 2; a pattern that fails verification exits
+1; so does a bug, with one line pointing to ``patterns --debug``, which prints
+the traceback. Ctrl-C exits 130. Option parsing lives in :mod:`._cliargs`. Commands, in the order ``patterns --help`` lists them:
 ``list``, ``show``, ``verify``, ``analyze``, ``render``, ``export``, ``profile``.
 Heavy libraries (numba, torch, matplotlib) are imported inside the commands
 that need them, so ``patterns --help`` and ``patterns list`` stay fast.
@@ -11,28 +13,60 @@ that need them, so ``patterns --help`` and ``patterns list`` stay fast.
 
 from __future__ import annotations
 
-import functools
-import importlib
-import json
+import os
+import signal
 import sys
-import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-import typer
-from rich.console import Console
-from rich.table import Table
-from typer.core import TyperCommand
 
-if TYPE_CHECKING:
-    from .pattern import Pattern
+def _interrupted(signum: int, frame: object) -> None:
+    raise SystemExit(130)
+
+
+#: As the ``patterns`` script, a Ctrl-C while the imports below run (a few tenths of a
+#: second) exits 130 without a traceback; main() puts Python's handler back. (Before this
+#: line only the interpreter's own start-up runs, which no package can guard.)
+_STARTING = (bool(sys.argv) and os.path.basename(sys.argv[0]).split(".")[0] in (
+    "patterns", "patterns-script") and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+if _STARTING:
+    signal.signal(signal.SIGINT, _interrupted)
+
+import functools  # noqa: E402 - after the handler above
+import json  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import typer  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from ._cliargs import (  # noqa: E402 - parse_params ... UsageError: re-exported
+    MAX_N,
+    ClickException,
+    Command,
+    Group,
+    UsageError,
+    int_option,
+    parse_heads,
+    parse_int,
+    parse_list,
+    parse_ns,
+    parse_params,
+    pattern_from_args,
+    registry,
+    report,
+    set_debug,
+    split_names,
+    split_steps,
+)
 
 __all__ = ["app", "main", "parse_params", "pattern_from_args", "parse_ns", "UsageError"]
 
 app = typer.Typer(
     name="patterns",
     help="Generate, verify, render, export and profile sparse attention patterns.",
+    cls=Group,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -42,7 +76,8 @@ err_console = Console(stderr=True)
 
 #: The options every pattern command shares (typer reads a default; sharing one is safe).
 _NAME = typer.Argument(None, help="Pattern name (see `patterns list`).")
-_N = typer.Option(None, "--n", help="Sequence length.")
+_N = typer.Option(None, "--n", help=f"Sequence length (1 to {MAX_N}).", metavar="<int>",
+                  parser=int_option("n", 1, MAX_N))
 _FILE = typer.Option(None, "--file", help="A saved pattern (.npz, .safetensors, .json).")
 _JSON = typer.Option(False, "--json", help="Print JSON.")
 
@@ -50,27 +85,19 @@ _JSON = typer.Option(False, "--json", help="Print JSON.")
 PATTERN_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-class _Lazy:
-    """A module imported on first attribute access: ``--help`` loads neither NumPy nor SciPy."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(importlib.import_module(self._name), attr)
+def _int(name: str, default: int | None, help: str, lo: int = 1, hi: int | None = None,
+         flags: tuple[str, ...] = ()) -> Any:
+    """An integer option whose bad value is one line naming the range (not typer's box)."""
+    rng = f"{lo} to {hi}" if hi is not None else f">= {lo}"
+    return typer.Option(default, *(flags or ("--" + name.replace("_", "-"),)),
+                        help=f"{help} ({rng}).", metavar="<int>", parser=int_option(name, lo, hi))
 
 
-registry = _Lazy("sparse_patterns.patterns.registry")
-
-
-def _check_int(name: str, value: Any, lo: int, hi: int) -> int:
-    from ._validate import check_int  # noqa: PLC0415
-
-    return check_int(name, value, lo, hi)
-
-
-class UsageError(ValueError):
-    """Bad input detected by the CLI itself (reported like a ValueError)."""
+@app.callback()
+def _root(debug: bool = typer.Option(
+        False, "--debug", help="On an error, print the full traceback (or SPARSE_PATTERNS_DEBUG=1).")
+) -> None:
+    set_debug(debug)
 
 
 #: What each command can do instead when a size does not fit in memory.
@@ -87,10 +114,13 @@ _INSTEAD = {
 
 
 def cli_command(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn ``ValueError`` (bad input) into one line on stderr and exit status 2.
+    """Turn an exception into one line on stderr: exit status 2 for bad input, 1 for a bug.
 
-    A size that does not fit in memory (``config.MemoryLimitError``, raised before
-    allocating, or a ``MemoryError``) exits 2 too, saying what to use instead.
+    Bad input is ``ValueError``, ``OSError`` and what only a hostile size or file
+    causes (``MemoryError``, ``OverflowError``, ``RecursionError``); a size that
+    does not fit in memory (``config.MemoryLimitError``, raised before
+    allocating, or a ``MemoryError``) also says what to use instead. Anything
+    else is a bug: one line and a pointer to ``--debug``.
     """
     instead = _INSTEAD.get(func.__name__.removesuffix("_cmd"))
 
@@ -98,105 +128,12 @@ def cli_command(func: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except (ValueError, OSError, MemoryError) as exc:
-            msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            if isinstance(exc, MemoryError):
-                msg = msg if isinstance(exc, ValueError) else f"out of memory: {msg}"
-                msg += f"; from the command line: {instead}" if instead and instead not in msg else ""
-            err_console.print(f"error: {msg}", highlight=False, markup=False, soft_wrap=True)
-            raise typer.Exit(2) from None
+        except (typer.Exit, typer.Abort, ClickException, BrokenPipeError):
+            raise  # deliberate exits; a reader gone away (| head): typer exits 1 quietly
+        except Exception as exc:
+            raise typer.Exit(report(exc, instead)) from None
 
     return wrapper
-
-
-def parse_params(name: str | Sequence[str], args: Sequence[str]) -> dict[str, str | bool]:
-    """Parse ``--param value`` / ``--flag`` / ``--no-flag`` for pattern ``name``.
-
-    Dashes stand for underscores (``--summary-heads 2``). A parameter the
-    pattern does not take is an error listing the ones it takes. With several
-    names (``patterns profile strided fixed``) an option must be taken by at
-    least one of them.
-
-    Examples
-    --------
-    >>> parse_params("fixed", ["--stride", "8", "--summary-heads=2", "--no-causal"])
-    {'stride': '8', 'summary_heads': '2', 'causal': False}
-    >>> parse_params(["strided", "fixed"], ["--c", "2"])
-    {'c': '2'}
-    """
-    names = [name] if isinstance(name, str) else list(name)
-    known: dict[str, registry.Param] = {}
-    for nm in names:
-        for p in registry.get(nm).params:
-            known.setdefault(p.name, p)
-    takes = ", ".join("--" + k.replace("_", "-") for k in known) or "no parameters"
-    if isinstance(name, str):
-        who, no_such = f"pattern {name!r}", "takes no such option; it takes"
-    else:
-        who, no_such = f"none of the patterns {', '.join(names)}", "takes it; they take"
-    out: dict[str, str | bool] = {}
-    k = 0
-    args = list(args)
-    while k < len(args):
-        tok = args[k]
-        if not tok.startswith("--"):
-            raise UsageError(f"{tok}: unexpected argument; the pattern options are {takes}")
-        key, eq, val = tok[2:].partition("=")
-        key = key.replace("-", "_")
-        if key.startswith("no_") and key[3:] in known and known[key[3:]].type is bool and not eq:
-            out[key[3:]] = False
-            k += 1
-            continue
-        if key not in known:
-            raise UsageError(f"--{key.replace('_', '-')}: {who} {no_such} {takes}")
-        p = known[key]
-        if eq:
-            out[key] = val
-            k += 1
-        elif p.type is bool and (k + 1 == len(args) or args[k + 1].startswith("--")):
-            out[key] = True
-            k += 1
-        else:
-            if k + 1 == len(args):
-                raise UsageError(f"--{key.replace('_', '-')}: needs a value")
-            out[key] = args[k + 1]
-            k += 2
-    return out
-
-
-def pattern_from_args(name: str | None, n: int | None, args: Sequence[str], file: str | None = None) -> Pattern:
-    """Build the pattern a command names: ``NAME --n N [--param value ...]`` or ``--file F``."""
-    if file is not None:
-        if name is not None or args:
-            raise UsageError("file: give either a pattern name with its options or --file, not both")
-        from .export import load  # noqa: PLC0415
-
-        return load(file)
-    if name is None:
-        raise UsageError(f"name: give a pattern name ({', '.join(sorted(registry.REGISTRY))}) or --file")
-    registry.get(name)  # unknown names fail before the options are read
-    if n is None:
-        raise UsageError("n: --n is required (an integer >= 1)")
-    return registry.make(name, n, **parse_params(name, args))
-
-
-def parse_ns(text: str) -> list[int]:
-    """Parse ``--n 1024,4096`` into a list of ints (each >= 1)."""
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            v = int(part)
-        except ValueError:
-            raise UsageError(f"n: expected comma-separated integers >= 1, got {text!r}") from None
-        if v < 1:
-            raise UsageError(f"n: every n must be >= 1, got {v}")
-        out.append(v)
-    if not out:
-        raise UsageError(f"n: expected at least one integer, got {text!r}")
-    return out
 
 
 def emit_json(obj: Any) -> None:
@@ -216,7 +153,7 @@ def emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, default=default, indent=2) + "\n")
 
 
-@app.command("list")
+@app.command("list", cls=Command)
 @cli_command
 def list_cmd(json_out: bool = _JSON) -> None:
     """List the registered patterns, their parameters and the papers they come from."""
@@ -236,7 +173,7 @@ def list_cmd(json_out: bool = _JSON) -> None:
     console.print(t)
 
 
-@app.command("show", context_settings=PATTERN_CONTEXT)
+@app.command("show", cls=Command, context_settings=PATTERN_CONTEXT)
 @cli_command
 def show_cmd(
     ctx: typer.Context,
@@ -260,35 +197,6 @@ def show_cmd(
 
 #: What ``patterns verify`` checks with no pattern: the README's main job.
 DEFAULT = ("strided", 16384, ["--stride", "128"])
-
-
-def _split_steps(name: str | None, args: list[str]) -> tuple[int | None, list[str]]:
-    """Take ``--p P`` out of the pattern options unless the pattern has a parameter ``p``."""
-    takes_p = name is not None and name in registry.REGISTRY and any(
-        q.name == "p" for q in registry.REGISTRY[name].params
-    )
-    if takes_p:
-        return None, args
-    out, steps, k = [], None, 0
-    while k < len(args):
-        tok = args[k]
-        if tok == "--p" or tok.startswith("--p="):
-            if "=" in tok:
-                val = tok.split("=", 1)[1]
-                k += 1
-            elif k + 1 < len(args):
-                val = args[k + 1]
-                k += 2
-            else:
-                raise UsageError("p: --p needs a value (an integer >= 1)")
-            try:
-                steps = int(val)
-            except ValueError:
-                raise UsageError(f"p: must be an integer >= 1, got {val!r}") from None
-            continue
-        out.append(tok)
-        k += 1
-    return steps, out
 
 
 class _ProgressBar:
@@ -317,7 +225,7 @@ class _ProgressBar:
             self.bar.stop()
 
 
-@app.command("verify", context_settings=PATTERN_CONTEXT)
+@app.command("verify", cls=Command, context_settings=PATTERN_CONTEXT)
 @cli_command
 def verify_cmd(
     ctx: typer.Context,
@@ -327,9 +235,8 @@ def verify_cmd(
                              help="interleaved (step m uses head m), merged or multihead."),
     residual: bool = typer.Option(True, "--residual/--no-residual",
                                   help="Add the identity at every step."),
-    steps: int = typer.Option(None, "--steps",
-                              help="Number of steps p (also --p unless the pattern takes p)."),
-    block: int = typer.Option(None, "--block", help="Verify the block layout at this block size."),
+    steps: int = _int("steps", None, "Number of steps p (also --p unless the pattern takes p)"),
+    block: int = _int("block", None, "Verify the block layout at this block size"),
     depth: bool = typer.Option(None, "--depth/--no-depth",
                                help="Force (or skip) the search for the steps full "
                                     "connectivity needs."),
@@ -342,7 +249,7 @@ def verify_cmd(
     """
     from .analysis import verify  # noqa: PLC0415
 
-    p_opt, args = _split_steps(name, list(ctx.args))
+    p_opt, args = split_steps(name, list(ctx.args))
     if steps is not None and p_opt is not None and steps != p_opt:
         raise UsageError(f"p: --p {p_opt} and --steps {steps} disagree")
     p = steps if steps is not None else p_opt
@@ -367,7 +274,7 @@ def verify_cmd(
         raise typer.Exit(1)
 
 
-@app.command("analyze", context_settings=PATTERN_CONTEXT)
+@app.command("analyze", cls=Command, context_settings=PATTERN_CONTEXT)
 @cli_command
 def analyze_cmd(
     ctx: typer.Context,
@@ -395,19 +302,7 @@ def analyze_cmd(
 _VIEWS = ("matrix", "image", "hops", "scaling")
 
 
-def _parse_heads(text: str | None) -> list[str | int] | None:
-    """``--heads A1,2`` -> ``["A1", 2]``: names, or indices when numeric."""
-    if text is None:
-        return None
-    out: list[str | int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if part:
-            out.append(int(part) if part.lstrip("-").isdigit() else part)
-    return out
-
-
-@app.command("render", context_settings=PATTERN_CONTEXT)
+@app.command("render", cls=Command, context_settings=PATTERN_CONTEXT)
 @cli_command
 def render_cmd(
     ctx: typer.Context,
@@ -416,17 +311,16 @@ def render_cmd(
     file: str = _FILE,
     view: str = typer.Option("matrix", "--view", help="matrix, image, hops or scaling."),
     output: str = typer.Option(None, "--output", "-o", help="Output file: .png, .svg or .pdf."),
-    position: int = typer.Option(
-        None, "--position", "-i", help="Image view: the output position (default: 2/3 down, 2/3 across)."
-    ),
-    height: int = typer.Option(None, "--height", help="Image view: raster height (and the pattern's, if it has one)."),
-    width: int = typer.Option(None, "--width", help="Image view: raster width (and the pattern's, if it has one)."),
+    position: int = _int("position", None, "Image view: the output position (default: 2/3 down, "
+                         "2/3 across)", 0, flags=("--position", "-i")),
+    height: int = _int("height", None, "Image view: raster height (and the pattern's, if it has one)"),
+    width: int = _int("width", None, "Image view: raster width (and the pattern's, if it has one)"),
     heads: str = typer.Option(None, "--heads", help="Heads to draw, by name or index: A1,A2."),
-    tile: int = typer.Option(None, "--tile", help="Matrix view: draw block densities with this tile size."),
+    tile: int = _int("tile", None, "Matrix view: draw block densities with this tile size"),
     ns: str = typer.Option("256,1024,4096,16384", "--ns", help="Scaling view: the sequence lengths."),
     mode: str = typer.Option("interleaved", "--mode", help="Hops view: interleaved, merged or multihead."),
     residual: bool = typer.Option(True, "--residual/--no-residual", help="Hops view: residual stream."),
-    dpi: int = typer.Option(100, "--dpi", help="PNG resolution."),
+    dpi: int = _int("dpi", 100, "PNG resolution", 10, 1200),
     gallery: str = typer.Option(None, "--gallery", help="Regenerate the whole gallery into this directory."),
 ) -> None:
     """Draw a pattern and save it: PNG, SVG or PDF by the output's suffix.
@@ -442,7 +336,6 @@ def render_cmd(
         save_figure,  # noqa: PLC0415
     )
 
-    dpi = _check_int("dpi", dpi, 10, 1200)
     if gallery is not None:
         if name is not None or file is not None or ctx.args or output is not None:
             raise UsageError("gallery: --gallery DIR takes no pattern, --file or --output")
@@ -482,9 +375,9 @@ def render_cmd(
                     args += [f"--{key}", str(val)]
         pat = pattern_from_args(name, n, args, file)
         if view == "image" and position is not None:
-            position = _check_int("position", position, 0, pat.n - 1)
+            position = parse_int("position", position, 0, pat.n - 1)
         fig = render_view(
-            view, pat, i=position, height=height, width=width, heads=_parse_heads(heads),
+            view, pat, i=position, height=height, width=width, heads=parse_heads(heads),
             block=tile, mode=mode, residual=residual,
         )
     try:
@@ -494,7 +387,7 @@ def render_cmd(
     console.print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KB)", highlight=False)
 
 
-class _ExportCommand(TyperCommand):
+class _ExportCommand(Command):
     """``patterns export``: its ``--format`` help lists the format table, read when help is shown."""
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
@@ -517,9 +410,9 @@ def export_cmd(
     file: str = typer.Option(None, "--file", help="Read the pattern from a saved file instead."),
     fmt: str = typer.Option(None, "--format", help="The format; default: from the suffix of -o."),
     out: str = typer.Option(..., "-o", "--output", help="Output file."),
-    block: int = typer.Option(None, "--block", help="Block size (flex 128, bsa 128, layouts 16)."),
+    block: int = _int("block", None, "Block size (flex 128, bsa 128, layouts 16)"),
     mode: str = typer.Option("multihead", "--mode", help="multihead (head h uses h mod p) or merged."),
-    num_heads: int = typer.Option(None, "--num-heads", help="Attention heads H (default p, or 1 merged)."),
+    num_heads: int = _int("num_heads", None, "Attention heads H (default p, or 1 merged)", 1, 1 << 16),
     json_out: bool = _JSON,
 ) -> None:
     """Export a pattern to a framework's tensors or to a file.
@@ -542,18 +435,7 @@ def export_cmd(
 _WIDE_WIDTH = 1000
 
 
-def _split(ctx_args: list[str]) -> tuple[list[str], list[str]]:
-    """Leading words are pattern names; everything from the first ``--option`` on are parameters."""
-    k = next((i for i, a in enumerate(ctx_args) if a.startswith("--")), len(ctx_args))
-    return ctx_args[:k], ctx_args[k:]
-
-
-def _list(text: str) -> list[str]:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    return [] if items == ["none"] else items
-
-
-@app.command("profile", context_settings=PATTERN_CONTEXT,
+@app.command("profile", cls=Command, context_settings=PATTERN_CONTEXT,
              options_metavar="NAME... --n N1,N2 [OPTIONS] [PATTERN OPTIONS]")
 @cli_command
 def profile_cmd(
@@ -563,12 +445,12 @@ def profile_cmd(
     baselines: str = typer.Option(
         "sdpa,flex", "--baselines", help="Baselines, comma-separated: sdpa, flex (or none)."
     ),
-    batch: int = typer.Option(1, "--batch", help="Batch size B."),
-    heads: int = typer.Option(8, "--heads", help="Attention heads H."),
-    head_dim: int = typer.Option(64, "--head-dim", help="Head dimension d."),
+    batch: int = _int("batch", 1, "Batch size B", 1, 1 << 16),
+    heads: int = _int("heads", 8, "Attention heads H", 1, 1 << 16),
+    head_dim: int = _int("head_dim", 64, "Head dimension d", 1, 1 << 14),
     dtype: str = typer.Option("float32", "--dtype", help="float32, float64, float16 or bfloat16."),
     mode: str = typer.Option("merged", "--mode", help="merged (union) or multihead."),
-    repeats: int = typer.Option(5, "--repeats", help="Timed calls after the warm-up."),
+    repeats: int = _int("repeats", 5, "Timed calls after the warm-up", 1, 1000),
     plot: str = typer.Option(None, "--plot", help="Also save a log-log plot: .png, .svg or .pdf."),
     wide: bool = typer.Option(False, "--wide", help="Every column (the default fits 80 columns)."),
     markdown: bool = typer.Option(False, "--markdown", help="Print a markdown table (every column)."),
@@ -589,7 +471,7 @@ def profile_cmd(
     from .profiling import profile  # noqa: PLC0415
     from .render import check_output  # noqa: PLC0415
 
-    names, rest = _split(list(ctx.args))
+    names, rest = split_names(list(ctx.args))
     if not names:
         raise UsageError(f"patterns: name at least one pattern ({', '.join(sorted(registry.REGISTRY))})")
     for name in names:
@@ -604,7 +486,7 @@ def profile_cmd(
                   console=err_console, transient=True,
                   disable=not err_console.is_terminal) as bar:
         task = bar.add_task("profiling", total=None)
-        table = profile(names, ns, impls=_list(impls), baselines=_list(baselines), batch=batch,
+        table = profile(names, ns, impls=parse_list(impls), baselines=parse_list(baselines), batch=batch,
                         heads=heads, head_dim=head_dim, dtype=dtype, repeats=repeats, mode=mode,
                         params=params, progress=lambda done, total, what: bar.update(
                             task, completed=done, total=total, description=what))
@@ -641,5 +523,10 @@ def _save_plot(table: Any, out: Path) -> None:
 
 
 def main() -> None:
-    """Entry point of the ``patterns`` console script."""
-    app()
+    """Entry point of the ``patterns`` console script: errors end as one line, Ctrl-C as 130."""
+    try:
+        if _STARTING:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        app()
+    except KeyboardInterrupt:  # outside a command (typer turns those into 130 itself)
+        sys.exit(130)

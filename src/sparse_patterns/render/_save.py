@@ -1,9 +1,11 @@
 """Saving figures atomically, through the package's one atomic writer
 (:func:`sparse_patterns._atomic.atomic_write`: a temporary file in the target
-directory, the umask's mode, then a rename).
+directory, the umask's mode for a new file and the old mode for an overwritten
+one, then a rename).
 
 A failed save (bad suffix, missing or read-only directory, a full disk) leaves
-no partial file behind and raises a one-line ``ValueError``.
+no partial file behind and raises a one-line ``ValueError``; SIGTERM or SIGHUP
+during the save removes the temporary file and exits 143 (129).
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ def save_figure(fig: Any, path: str | os.PathLike[str], *, dpi: int = 100) -> Pa
     """Save ``fig`` to ``path`` (PNG, SVG or PDF by suffix) without leaving a partial file.
 
     The figure is written to a temporary file in the same directory and renamed
-    onto ``path`` only once complete; the file gets the umask's mode.
+    onto ``path`` only once complete; a new file gets the umask's mode, an
+    overwritten one keeps its mode.
 
     Parameters
     ----------

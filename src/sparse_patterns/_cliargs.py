@@ -1,0 +1,399 @@
+"""Parsing the ``patterns`` command line, and reporting what goes wrong in one line.
+
+The commands in :mod:`sparse_patterns.cli` declare their options; this module
+reads what typer cannot: a pattern's parameters given as options
+(``--stride 8 --no-causal``), lists of sequence lengths, integer options with
+their allowed range, and a repeated option (an error, never "the last one
+wins"). It also decides what an error looks like: one line on stderr, exit
+status 2 for bad input (including ``MemoryError``, ``OverflowError`` and
+``RecursionError``, which only a hostile size or file can cause), exit status 1
+with a pointer to ``--debug`` for anything else (a bug), 130 on Ctrl-C.
+Nothing here imports NumPy: ``patterns --help`` and ``patterns list`` stay fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+import typer
+from typer.core import TyperCommand, TyperGroup
+
+try:  # typer >= 0.29 carries its own copy of click
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover - older typer, on click
+    from click.exceptions import ClickException
+
+if TYPE_CHECKING:
+    from .pattern import Pattern
+
+__all__ = [
+    "UsageError", "OptionValueError", "ClickException", "Command", "Group", "report", "set_debug", "int_option",
+    "parse_int", "parse_params", "parse_ns", "pattern_from_args", "split_steps", "parse_heads",
+    "split_names", "parse_list", "registry",
+]
+
+#: Largest sequence length: ``_validate.MAX_N``, which imports NumPy (a test checks they agree).
+MAX_N = 2**31 - 1
+
+
+class _Lazy:
+    """A module imported on first attribute access: ``--help`` loads neither NumPy nor SciPy."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self._name), attr)
+
+
+registry = _Lazy("sparse_patterns.patterns.registry")
+
+
+class UsageError(ValueError):
+    """Bad input detected by the CLI itself (reported like a ValueError)."""
+
+
+class OptionValueError(typer.BadParameter):
+    """A bad or repeated option found while parsing; its message is the whole error line."""
+
+    def format_message(self) -> str:
+        return self.message
+
+
+def shown(value: Any, limit: int = 40) -> str:
+    """``repr(value)``, cut to about ``limit`` characters (a hostile value can be megabytes).
+
+    Examples
+    --------
+    >>> shown("abc"), shown("9" * 100, limit=12)
+    ("'abc'", "'9999999999... (100 characters)")
+    """
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 1]}... ({len(str(value))} characters)"
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type's name when it has none."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def parse_int(name: str, value: Any, lo: int, hi: int | None = None,
+              error: type[Exception] = UsageError) -> int:
+    """``value`` (an int, or the text of one) as an int in ``[lo, hi]``, else ``error``.
+
+    Examples
+    --------
+    >>> parse_int("n", " 64 ", 1)
+    64
+    >>> parse_int("n", "1.5", 1, 100)
+    Traceback (most recent call last):
+    ...
+    sparse_patterns._cliargs.UsageError: n: must be an integer [1, 100], got '1.5'
+    """
+    rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+    if isinstance(value, str):
+        text = value.strip()
+        # ASCII digits only, and short enough for int(): '1e3', '1_000', '٣' are not integers here
+        if re.fullmatch(r"[+-]?[0-9]{1,4000}", text, re.ASCII) is None:
+            raise error(f"{name}: must be an integer {rng}, got {shown(value)}")
+        value = int(text)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise error(f"{name}: must be an integer {rng}, got {shown(value)}")
+    if value < lo or (hi is not None and value > hi):
+        raise error(f"{name}: must be an integer {rng}, got {shown(value)}")
+    return value
+
+
+def int_option(name: str, lo: int = 1, hi: int | None = None) -> Callable[[Any], int]:
+    """A typer ``parser=`` for an integer option: a bad value is one line naming the range."""
+
+    def parse(value: Any) -> int:
+        return parse_int(name, value, lo, hi, OptionValueError)
+
+    return parse
+
+
+def _option_name(param: Any) -> str:
+    """What an option is called in messages: its long flag, as a parameter name (``head_dim``)."""
+    long = [o for o in param.opts if o.startswith("--")]
+    return long[0][2:].replace("-", "_") if long else param.name
+
+
+class _Once:
+    """Refuse a declared option given more than once (``--n 64 --n 16``, ``--json --json``)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if not ctx.resilient_parsing:
+            # a dry run of the same parser: its order lists an option once per occurrence
+            _, _, order = self.make_parser(ctx).parse_args(args=list(args))  # type: ignore[attr-defined]
+            counts: dict[str, int] = {}
+            for param in order:
+                if (getattr(param, "param_type_name", "") == "option" and not param.is_eager
+                        and not getattr(param, "multiple", False) and not getattr(param, "count", False)):
+                    counts[param.name] = counts.get(param.name, 0) + 1
+            for param in order:
+                k = counts.get(param.name, 0)
+                if k > 1:
+                    times = "twice" if k == 2 else f"{k} times"
+                    raise OptionValueError(
+                        f"{_option_name(param)}: {'/'.join([*param.opts, *param.secondary_opts])} "
+                        f"given {times}; give it once", ctx=ctx)
+        return super().parse_args(ctx, args)  # type: ignore[misc]
+
+
+class Command(_Once, TyperCommand):
+    """A ``patterns`` command: a repeated option is an error."""
+
+
+#: Debugging for the invocation under way: ``--debug`` or ``SPARSE_PATTERNS_DEBUG=1``.
+_debug: ContextVar[bool] = ContextVar("sparse_patterns_debug", default=False)
+
+
+def set_debug(on: bool) -> None:
+    """Show full tracebacks for the rest of this invocation (the ``--debug`` option)."""
+    if on:
+        _debug.set(True)
+
+
+def _debugging() -> bool:
+    env = os.environ.get("SPARSE_PATTERNS_DEBUG", "").strip().lower()
+    return _debug.get() or env not in ("", "0", "false", "no", "off")
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+#: Exceptions only bad input can cause in this package: exit status 2.
+BAD_INPUT = (ValueError, OSError, MemoryError, OverflowError, RecursionError)
+
+
+def report(exc: BaseException, instead: str | None = None) -> int:
+    """Print ``exc`` as one line on stderr; return the exit status (2: bad input, 1: a bug).
+
+    ``instead`` says what the command can do instead when a size does not fit
+    in memory. With ``--debug`` the traceback comes first.
+    """
+    debugging = _debugging()
+    if debugging:
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    msg = first_line(exc)
+    if isinstance(exc, MemoryError):  # config.MemoryLimitError (a ValueError too), or an allocation
+        msg = msg if isinstance(exc, ValueError) else f"out of memory: {msg}"
+        msg += f"; from the command line: {instead}" if instead and instead not in msg else ""
+    elif isinstance(exc, RecursionError):
+        msg = f"input nested too deeply: {msg}"
+    elif isinstance(exc, OverflowError):
+        msg = f"a value is too large: {msg}"
+    elif not isinstance(exc, BAD_INPUT):
+        how = ("the traceback is above" if debugging else
+               "run again with --debug or SPARSE_PATTERNS_DEBUG=1 for the traceback")
+        _say(f"error: internal error: {type(exc).__name__}: {msg} (a bug; {how})")
+        return 1
+    _say(f"error: {msg}")
+    return 2
+
+
+class Group(_Once, TyperGroup):
+    """The ``patterns`` app: every error ends as one line on stderr and an exit status.
+
+    typer prints bad option values in a box without the allowed range, and
+    lets other exceptions through as tracebacks; here a usage error is
+    ``error: ...`` with exit status 2, an exception goes through
+    :func:`report`, and Ctrl-C exits 130 without a traceback.
+    """
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        token = _debug.set(False)
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+            code = rv if isinstance(rv, int) else 0  # typer.Exit(k) comes back as k
+        except KeyboardInterrupt:
+            code = 130
+        except ClickException as exc:
+            code = exc.exit_code
+            if type(exc).__name__ != "NoArgsIsHelpError":  # that one has printed the help
+                ctx = getattr(exc, "ctx", None)
+                see = f" (see '{ctx.command_path} --help')" if ctx is not None and not isinstance(
+                    exc, OptionValueError) else ""
+                _say(f"error: {' '.join(exc.format_message().split())}{see}")
+        except typer.Abort:
+            code = 1
+            _say("error: aborted")
+        except Exception as exc:
+            code = report(exc)
+        finally:
+            _debug.reset(token)
+        sys.exit(code)
+
+
+def parse_params(name: str | Sequence[str], args: Sequence[str]) -> dict[str, str | bool]:
+    """Parse ``--param value`` / ``--flag`` / ``--no-flag`` for pattern ``name``.
+
+    Dashes stand for underscores (``--summary-heads 2``). A parameter the
+    pattern does not take, or one given twice, is an error. With several
+    names (``patterns profile strided fixed``) an option must be taken by at
+    least one of them.
+
+    Examples
+    --------
+    >>> parse_params("fixed", ["--stride", "8", "--summary-heads=2", "--no-causal"])
+    {'stride': '8', 'summary_heads': '2', 'causal': False}
+    >>> parse_params(["strided", "fixed"], ["--c", "2"])
+    {'c': '2'}
+    >>> parse_params("strided", ["--causal", "--no-causal"])
+    Traceback (most recent call last):
+    ...
+    sparse_patterns._cliargs.UsageError: causal: --causal/--no-causal given twice; give it once
+    """
+    names = [name] if isinstance(name, str) else list(name)
+    known: dict[str, Any] = {}
+    for nm in names:
+        for p in registry.get(nm).params:
+            known.setdefault(p.name, p)
+    takes = ", ".join("--" + k.replace("_", "-") for k in known) or "no parameters"
+    if isinstance(name, str):
+        who, no_such = f"pattern {name!r}", "takes no such option; it takes"
+    else:
+        who, no_such = f"none of the patterns {', '.join(names)}", "takes it; they take"
+    out: dict[str, str | bool] = {}
+    k = 0
+    args = list(args)
+    while k < len(args):
+        tok = args[k]
+        if not tok.startswith("--"):
+            raise UsageError(f"{shown(tok)}: unexpected argument; the pattern options are {takes}")
+        key, eq, val = tok[2:].partition("=")
+        key = key.replace("-", "_")
+        if key.startswith("no_") and key[3:] in known and known[key[3:]].type is bool and not eq:
+            key, value, step = key[3:], False, 1
+        elif key not in known:
+            flag = "--" + key.replace("_", "-")
+            flag = flag if len(flag) <= 40 else f"{flag[:37]}..."
+            raise UsageError(f"{flag}: {who} {no_such} {takes}")
+        elif eq:
+            value, step = val, 1
+        elif known[key].type is bool and (k + 1 == len(args) or args[k + 1].startswith("--")):
+            value, step = True, 1
+        elif k + 1 == len(args):
+            raise UsageError(f"--{key.replace('_', '-')}: needs a value")
+        else:
+            value, step = args[k + 1], 2
+        if key in out:
+            flag = "--" + key.replace("_", "-")
+            both = f"{flag}/--no-{flag[2:]}" if known[key].type is bool else flag
+            raise UsageError(f"{key}: {both} given twice; give it once")
+        out[key] = value
+        k += step
+    return out
+
+
+def _check_name(name: str) -> None:
+    if name.startswith("-"):
+        raise UsageError(f"name: expected a pattern name first, got the option {shown(name)}; "
+                         "give the name before its options (strided --n 64 --stride 8)")
+
+
+def pattern_from_args(name: str | None, n: int | None, args: Sequence[str],
+                      file: str | None = None) -> Pattern:
+    """Build the pattern a command names: ``NAME --n N [--param value ...]`` or ``--file F``."""
+    if file is not None:
+        if name is not None or args:
+            raise UsageError("file: give either a pattern name with its options or --file, not both")
+        from .export import load  # noqa: PLC0415
+
+        try:
+            return load(file)
+        except BAD_INPUT:
+            raise
+        except Exception as exc:  # whatever a malformed file breaks that load() does not check
+            raise UsageError(f"file: cannot read {file!r}: {type(exc).__name__}: "
+                             f"{first_line(exc)}") from exc
+    if name is None:
+        raise UsageError(f"name: give a pattern name ({', '.join(sorted(registry.REGISTRY))}) or --file")
+    _check_name(name)
+    registry.get(name)  # unknown names fail before the options are read
+    if n is None:
+        raise UsageError(f"n: --n is required (an integer [1, {MAX_N}])")
+    return registry.make(name, n, **parse_params(name, args))
+
+
+def parse_ns(text: str) -> list[int]:
+    """Parse ``--n 1024,4096`` into a list of ints, each in ``[1, MAX_N]``.
+
+    Examples
+    --------
+    >>> parse_ns("1024, 4096")
+    [1024, 4096]
+    """
+    expected = f"n: expected comma-separated integers [1, {MAX_N}], got {shown(text)}"
+    out = []
+    for part in text.split(","):
+        if part.strip():
+            if re.fullmatch(r"\s*[+-]?[0-9]{1,4000}\s*", part, re.ASCII) is None:
+                raise UsageError(expected)
+            out.append(parse_int("n", part, 1, MAX_N))
+    if not out:
+        raise UsageError(f"n: expected at least one integer [1, {MAX_N}], got {shown(text)}")
+    return out
+
+
+def split_steps(name: str | None, args: list[str]) -> tuple[int | None, list[str]]:
+    """Take ``--p P`` out of the pattern options unless the pattern has a parameter ``p``."""
+    takes_p = name is not None and name in registry.REGISTRY and any(
+        q.name == "p" for q in registry.REGISTRY[name].params
+    )
+    if takes_p:
+        return None, args
+    out: list[str] = []
+    steps, k = None, 0
+    while k < len(args):
+        tok = args[k]
+        if tok == "--p" or tok.startswith("--p="):
+            if "=" in tok:
+                val, k = tok.split("=", 1)[1], k + 1
+            elif k + 1 < len(args):
+                val, k = args[k + 1], k + 2
+            else:
+                raise UsageError("p: --p needs a value (an integer >= 1)")
+            if steps is not None:
+                raise UsageError("p: --p given twice; give it once")
+            steps = parse_int("p", val, 1)
+            continue
+        out.append(tok)
+        k += 1
+    return steps, out
+
+
+def parse_heads(text: str | None) -> list[str | int] | None:
+    """``--heads A1,2`` -> ``["A1", 2]``: names, or indices when numeric."""
+    if text is None:
+        return None
+    out: list[str | int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if part:
+            out.append(int(part) if re.fullmatch(r"-?[0-9]{1,18}", part, re.ASCII) else part)
+    return out
+
+
+def split_names(ctx_args: list[str]) -> tuple[list[str], list[str]]:
+    """Leading words are pattern names; everything from the first ``--option`` on are parameters."""
+    k = next((i for i, a in enumerate(ctx_args) if a.startswith("--")), len(ctx_args))
+    return ctx_args[:k], ctx_args[k:]
+
+
+def parse_list(text: str) -> list[str]:
+    """``"a, b"`` -> ``["a", "b"]``; ``"none"`` -> ``[]``."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    return [] if items == ["none"] else items
