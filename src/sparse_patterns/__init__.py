@@ -63,7 +63,8 @@ _LAZY = {
     "longformer": "sparse_patterns.patterns.longformer",
     "bigbird": "sparse_patterns.patterns.bigbird",
     # heavier pieces (numba kernels, torch, matplotlib)
-    **dict.fromkeys(("verify", "explain", "scaling", "VerifyReport"), "sparse_patterns.analysis"),
+    **dict.fromkeys(("verify", "verify_schedule", "explain", "scaling", "VerifyReport"),
+                    "sparse_patterns.analysis"),
     **dict.fromkeys(("attention", "plan"), "sparse_patterns.kernels"),
     "profile": "sparse_patterns.profiling",
     **dict.fromkeys(("save", "load"), "sparse_patterns.export"),

@@ -2,7 +2,8 @@
 
 The commands in :mod:`sparse_patterns.cli` declare their options; this module
 reads what typer cannot: a pattern's parameters given as options
-(``--stride 8 --no-causal``), lists of sequence lengths, integer options with
+(``--stride 8 --no-causal``), a schedule of layers (``--schedule
+local:window=128,full``) and packed documents, lists of sequence lengths, integer options with
 their allowed range, and a repeated option (an error, never "the last one
 wins"). It also decides what an error looks like: one line on stderr, exit
 status 2 for bad input (including ``MemoryError``, ``OverflowError`` and
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
 __all__ = [
     "UsageError", "OptionValueError", "ClickException", "Command", "Group", "report", "set_debug", "int_option",
     "parse_int", "parse_params", "parse_ns", "pattern_from_args", "split_steps", "parse_heads",
-    "split_names", "parse_list", "registry",
+    "split_names", "parse_list", "registry", "parse_schedule", "parse_documents",
+    "schedule_from_args",
 ]
 
 #: Largest sequence length: ``_validate.MAX_N``, which imports NumPy (a test checks they agree).
@@ -397,3 +399,135 @@ def parse_list(text: str) -> list[str]:
     """``"a, b"`` -> ``["a", "b"]``; ``"none"`` -> ``[]``."""
     items = [t.strip() for t in text.split(",") if t.strip()]
     return [] if items == ["none"] else items
+
+
+#: Largest ``--schedule`` JSON file read (bytes).
+MAX_SCHEDULE_FILE = 1 << 20
+
+
+def _schedule_items(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """``--schedule``: ``(name, params)`` per layer, from the text or from a ``.json`` file."""
+    if text.strip().lower().endswith(".json"):
+        import json  # noqa: PLC0415
+
+        path = text.strip()
+        try:
+            size = os.stat(path).st_size
+            if size <= MAX_SCHEDULE_FILE:
+                with open(path, "rb") as f:
+                    data = f.read(MAX_SCHEDULE_FILE + 1)
+        except OSError as exc:
+            raise UsageError(f"schedule: cannot read {shown(path)}: "
+                             f"{exc.strerror or first_line(exc)}") from None
+        if size > MAX_SCHEDULE_FILE or len(data) > MAX_SCHEDULE_FILE:
+            raise UsageError(f"schedule: {shown(path)} is over {MAX_SCHEDULE_FILE:,} bytes, the "
+                             "most a schedule file may be")
+        try:
+            items = json.loads(data.decode("utf-8"))
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+            raise UsageError(f"schedule: {shown(path)} is not valid JSON: {first_line(exc)}") from None
+        form = 'a JSON list of {"pattern": NAME, "params": {...}}'
+        if not isinstance(items, list):
+            raise UsageError(f"schedule: {shown(path)} must hold {form}, got {type(items).__name__}")
+        out = []
+        for k, item in enumerate(items):
+            if (not isinstance(item, dict) or not isinstance(item.get("pattern"), str)
+                    or not set(item) <= {"pattern", "params"}
+                    or not isinstance(item.get("params", {}), dict)):
+                raise UsageError(f"schedule: layer {k + 1} of {shown(path)} must be "
+                                 f'{{"pattern": NAME, "params": {{...}}}}, got {shown(item)}')
+            out.append((item["pattern"], dict(item.get("params", {}))))
+        return out
+    out = []
+    for k, part in enumerate(text.split(",")):
+        name, *pairs = [t.strip() for t in part.split(":")]
+        params: dict[str, Any] = {}
+        for pair in pairs:
+            key, eq, val = pair.partition("=")
+            key = key.strip().replace("-", "_")
+            if not eq or not key or not val.strip():
+                raise UsageError(f"schedule: layer {k + 1} {shown(part.strip())} must be NAME or "
+                                 "NAME:KEY=VALUE[:KEY=VALUE...] (e.g. local:window=128)")
+            if key in params:
+                raise UsageError(f"schedule: layer {k + 1} {shown(part.strip())} gives {key} twice")
+            params[key] = val.strip()
+        out.append((name, params))
+    return out
+
+
+def parse_schedule(text: str, n: int) -> list[Pattern]:
+    """The layers of ``--schedule``: comma-separated ``NAME[:KEY=VALUE[:KEY=VALUE...]]``, or a
+    ``.json`` file holding a list of ``{"pattern": NAME, "params": {...}}``; each made at n.
+
+    Examples
+    --------
+    >>> [(p.name, dict(p.params)) for p in parse_schedule("local:window=2,full:causal=false", 8)]
+    [('local', {'window': 2, 'causal': True}), ('full', {'causal': False})]
+    >>> parse_schedule("local:window", 8)
+    Traceback (most recent call last):
+    ...
+    sparse_patterns._cliargs.UsageError: schedule: layer 1 'local:window' must be NAME or NAME:KEY=VALUE[:KEY=VALUE...] (e.g. local:window=128)
+    """
+    items = _schedule_items(text)
+    if not items:
+        raise UsageError(f"schedule: needs at least one layer, got {shown(text)}")
+    out = []
+    for k, (name, params) in enumerate(items):
+        if not name:
+            raise UsageError(f"schedule: layer {k + 1} has no pattern name in {shown(text)}")
+        try:
+            out.append(registry.make(name, n, **params))
+        except ValueError as exc:
+            if isinstance(exc, MemoryError):  # config.MemoryLimitError: reported as such
+                raise
+            raise UsageError(f"schedule: layer {k + 1} ({name}): {first_line(exc)}") from None
+    return out
+
+
+def parse_documents(text: str) -> list[int]:
+    """``--documents 1024,3072`` (lengths) or ``0,1024,4096`` (cu_seqlens offsets) as ints.
+
+    Examples
+    --------
+    >>> parse_documents("1024, 3072")
+    [1024, 3072]
+    """
+    out = []
+    for part in text.split(","):
+        if re.fullmatch(r"\s*[+-]?[0-9]{1,18}\s*", part, re.ASCII) is None:
+            raise UsageError(f"documents: expected comma-separated integers (lengths, or offsets "
+                             f"from 0), got {shown(text)}")
+        out.append(int(part))
+    return out
+
+
+def schedule_from_args(schedule: str | None, documents: str | None, n: int | None,
+                       name: str | None, file: str | None, args: Sequence[str], p: int | None,
+                       block: int | None, mode: str, depth: bool | None,
+                       ) -> tuple[list[Pattern], list[int] | None]:
+    """``patterns verify --schedule S [--documents D]``: the layers and documents, or a usage error."""
+    if schedule is None:
+        raise UsageError("documents: --documents applies to a schedule; give --schedule too")
+    # typer may take an unknown option (--p, --stride) for the pattern name: look at both
+    p_opt, rest = split_steps(None, ([name] if name is not None else []) + list(args))
+    if p is not None and p_opt is not None and p != p_opt:
+        raise UsageError(f"p: --p {p_opt} and --steps {p} disagree")
+    p = p if p is not None else p_opt
+    if rest:
+        raise UsageError(f"schedule: --schedule takes no pattern name or pattern options, got "
+                         f"{shown(' '.join(rest))}; give each layer's parameters inside it "
+                         "(local:window=128,full)")
+    clash = [what for what, given in (
+        ("--file", file is not None), ("--block", block is not None),
+        ("--depth/--no-depth", depth is not None), (f"--mode {mode}", mode != "interleaved"),
+    ) if given]
+    if clash:
+        raise UsageError(f"schedule: --schedule takes no {', '.join(clash)}: its layers run in "
+                         "order, one step each, at token level")
+    if n is None:
+        raise UsageError(f"n: --n is required with --schedule (an integer [1, {MAX_N}])")
+    layers = parse_schedule(schedule, n)
+    if p is not None and p != len(layers):
+        raise UsageError(f"p: a schedule of {len(layers)} layer(s) is verified with p = "
+                         f"{len(layers)}, got {p}")
+    return layers, None if documents is None else parse_documents(documents)

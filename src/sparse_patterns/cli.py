@@ -56,6 +56,7 @@ from ._cliargs import (  # noqa: E402 - parse_params ... UsageError: re-exported
     pattern_from_args,
     registry,
     report,
+    schedule_from_args,
     set_debug,
     split_names,
     split_steps,
@@ -241,11 +242,21 @@ def verify_cmd(
                                help="Force (or skip) the search for the steps full "
                                     "connectivity needs."),
     file: str = _FILE,
+    schedule: str = typer.Option(
+        None, "--schedule", metavar="<str>",
+        help="Verify a schedule of layers instead, each made at --n: layers separated by commas, "
+             "each NAME or NAME:KEY=VALUE:KEY=VALUE (e.g. local:window=128,full), or a .json "
+             'file with a list of {"pattern": NAME, "params": {...}}.'),
+    documents: str = typer.Option(
+        None, "--documents", metavar="<str>",
+        help="With --schedule: packed documents, as lengths (1024,3072) or cu_seqlens offsets "
+             "from 0 (0,1024,4096); targets stay inside a document and a leak across fails."),
     json_out: bool = _JSON,
 ) -> None:
     """Check the paper's two criteria exactly: exit 0 when both hold, 1 when one fails.
 
-    Pattern parameters are options of the same name (--stride 128 --c 8).
+    Pattern parameters are options of the same name (--stride 128 --c 8). With
+    --schedule the layers run in order (p = their number) and exit 1 also means a leak.
     """
     from .analysis import verify  # noqa: PLC0415
 
@@ -253,19 +264,26 @@ def verify_cmd(
     if steps is not None and p_opt is not None and steps != p_opt:
         raise UsageError(f"p: --p {p_opt} and --steps {steps} disagree")
     p = steps if steps is not None else p_opt
-    if name is None and file is None:
-        name = DEFAULT[0]
-        n = DEFAULT[1] if n is None else n
-        args = args or list(DEFAULT[2])
-    pat = pattern_from_args(name, n, args, file)
-    target = pat.to_blocks(block) if block is not None else pat
-    bar = _ProgressBar("verifying") if not json_out and sys.stdout.isatty() else None
-    try:
-        report = verify(target, p=p, mode=mode, residual=residual, depth=depth, progress=bar,
-                        explain_failure=True)
-    finally:
-        if bar is not None:
-            bar.close()
+    if schedule is not None or documents is not None:
+        from .analysis import verify_schedule  # noqa: PLC0415
+
+        layers, docs = schedule_from_args(schedule, documents, n, name, file, args, p, block,
+                                          mode, depth)
+        report = verify_schedule(layers, documents=docs, residual=residual, explain_failure=True)
+    else:
+        if name is None and file is None:
+            name = DEFAULT[0]
+            n = DEFAULT[1] if n is None else n
+            args = args or list(DEFAULT[2])
+        pat = pattern_from_args(name, n, args, file)
+        target = pat.to_blocks(block) if block is not None else pat
+        bar = _ProgressBar("verifying") if not json_out and sys.stdout.isatty() else None
+        try:
+            report = verify(target, p=p, mode=mode, residual=residual, depth=depth, progress=bar,
+                            explain_failure=True)
+        finally:
+            if bar is not None:
+                bar.close()
     if json_out:
         emit_json(report.to_dict())
     else:

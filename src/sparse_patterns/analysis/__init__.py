@@ -4,6 +4,8 @@
 connects every input to every output across p steps of attention (criterion 1)
 through a path of at most p + 1 positions (criterion 2), as the Sparse
 Transformer requires (Child et al. 2019, arXiv:1904.10509, section 4.1);
+:func:`verify_schedule` does the same for a schedule of layers (a list of
+patterns), document by document, with a leak check across documents;
 :func:`explain` shows a shortest path or why none exists; :func:`hop_matrix`
 gives every pair's hop distance for small n; :func:`scaling` fits how
 ``|A_i|`` grows with n; :func:`bottleneck` finds the minimum vertex cut between
@@ -12,7 +14,8 @@ early positions and a later one (networkx, small n); :func:`budgets` and
 themselves (``table()``, rich) and serialize (``to_dict()``, JSON).
 
 The rooms: ``criteria`` (verify, hops, explain), ``report`` (VerifyReport,
-Explanation), ``blocks`` (the block-level check), ``budget``, ``sweep``
+Explanation), ``schedule`` (verify_schedule: a list of layers, packed
+documents, the leak check), ``blocks`` (the block-level check), ``budget``, ``sweep``
 (scaling), ``cuts`` (bottleneck), and the private ``_common`` (shared checks,
 run structures, step matrices), ``_printable`` (``text()`` from ``table()``),
 ``_numba`` and ``_bits`` (the kernels). The
@@ -30,6 +33,7 @@ from ..pattern import MODES
 _LAZY = {
     "verify": "criteria", "explain": "criteria", "hop_matrix": "criteria",
     "VerifyReport": "report", "Explanation": "report",
+    "verify_schedule": "schedule", "ScheduleReport": "schedule", "document_offsets": "schedule",
     "scaling": "sweep", "ScalingTable": "sweep",
     "bottleneck": "cuts", "Bottleneck": "cuts",
     "budgets": "budget", "block_budgets": "budget", "budget_table": "budget",

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numba
 import numpy as np
@@ -49,6 +49,9 @@ from .blocks import verify_blocks
 from .budget import budgets
 from .report import Explanation, VerifyReport
 from .structured import offsets_of, structured_hops
+
+if TYPE_CHECKING:
+    from .schedule import ScheduleReport
 
 __all__ = [
     "MODES", "METHODS", "VerifyReport", "Explanation", "verify", "explain", "hop_matrix",
@@ -185,7 +188,7 @@ def verify(
     depth: bool | None = None,
     explain_failure: bool = False,
     method: str = "auto",
-) -> VerifyReport:
+) -> VerifyReport | ScheduleReport:
     """Check the two factorization criteria exactly, for every target pair.
 
     Parameters
@@ -194,6 +197,9 @@ def verify(
         The heads ``A^(1) .. A^(H)``. A :class:`BlockLayout` is checked at block
         granularity (see Notes). Plain matrices make a causal pattern when no
         entry lies above the diagonal.
+        A list of Patterns is a schedule of layers: see
+        :func:`~sparse_patterns.analysis.schedule.verify_schedule` (returns a
+        ``ScheduleReport``).
     p : int, optional
         Number of attention steps; defaults to the number of heads. In
         ``interleaved`` mode step m uses head m, so ``p`` is at most the number
@@ -273,6 +279,11 @@ def verify(
     >>> verify(make("local", 16, window=3), p=2, mode="merged", method="generic").counterexample
     (7, 0)
     """
+    if isinstance(pattern, (list, tuple)) and any(isinstance(x, Pattern) for x in pattern):
+        from .schedule import verify_as_schedule  # noqa: PLC0415 - a list of layers
+
+        return verify_as_schedule(pattern, p=p, mode=mode, residual=residual, progress=progress,
+                                  depth=depth, explain_failure=explain_failure, method=method)
     method = check_choice("method", method, METHODS)
     if isinstance(pattern, BlockLayout):
         return verify_blocks(pattern, p=p, mode=mode, residual=residual)
