@@ -127,6 +127,30 @@ def dense_oracle(name: str, n: int, **params) -> np.ndarray:
     return np.stack(ORACLES[name](n, **params))
 
 
+def document_oracle(name: str, lengths, **params) -> np.ndarray:
+    """Dense ``bool (p, n, n)``: the family on each document alone, on the block diagonal.
+
+    Examples
+    --------
+    >>> document_oracle("full", [2, 1])[0].astype(int)
+    array([[1, 0, 0],
+           [1, 1, 0],
+           [0, 0, 1]])
+    """
+    parts = [dense_oracle(name, int(length), **params) for length in lengths]
+    n = sum(int(length) for length in lengths)
+    out = np.zeros((parts[0].shape[0], n, n), dtype=bool)
+    o = 0
+    for part in parts:
+        length = part.shape[1]
+        out[:, o:o + length, o:o + length] = part
+        o += length
+    return out
+
+
+__all__ += ["document_oracle"]
+
+
 # ---------------------------------------------------------------------------
 # BFS oracle for verification (issue 3): the paper's criteria from the
 # definitions, one output row and one step count at a time, with Python sets.

@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from .._validate import _repr_text, check_bool, check_choice, check_int
+from .._validate import check_bool, check_choice, check_int
+from ..documents import document_offsets
 from ..pattern import MODES, Pattern
 from ._common import row_sizes, runs, steps
 from ._printable import Printable
@@ -42,83 +43,6 @@ Runs = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 # ----------------------------------------------------------------------- input
-def document_offsets(documents: Any, n: int) -> np.ndarray:
-    """The ``cu_seqlens`` offsets of packed documents, from lengths or offsets.
-
-    Parameters
-    ----------
-    documents : sequence of int, or None
-        Document lengths (each ``>= 1``, summing to n), or ``cu_seqlens``
-        offsets (0, strictly increasing, n) as FlashAttention's varlen
-        functions take them: a sequence starting with 0 is read as offsets (a
-        length is never 0). None is one document, the whole sequence.
-    n : int
-        Sequence length.
-
-    Returns
-    -------
-    numpy.ndarray
-        ``int64 (D + 1,)``: document d is ``[offsets[d], offsets[d + 1])``.
-
-    Raises
-    ------
-    ValueError
-        Not a 1-D sequence of integers, empty, or not lengths or offsets as above.
-
-    Examples
-    --------
-    >>> document_offsets([3, 5], 8).tolist(), document_offsets([0, 3, 8], 8).tolist()
-    ([0, 3, 8], [0, 3, 8])
-    >>> document_offsets([3, 4], 8)
-    Traceback (most recent call last):
-    ...
-    ValueError: documents: lengths sum to 7, not n=8
-    """
-    n = check_int("n", n, 1)
-    if documents is None:
-        return np.array([0, n], dtype=np.int64)
-    if isinstance(documents, (str, bytes, dict)) or np.ndim(documents) != 1:
-        raise ValueError(f"documents: expected a 1-D sequence of document lengths or cu_seqlens "
-                         f"offsets, got {_repr_text(documents)}")
-    if isinstance(documents, (list, tuple)) and any(
-            isinstance(x, (bool, np.bool_)) for x in documents):
-        raise ValueError(f"documents: expected integers, got {_repr_text(documents)}")
-    a = np.asarray(documents)
-    if a.size == 0:
-        raise ValueError("documents: needs at least one document, got an empty sequence")
-    if a.dtype.kind not in "iu":
-        raise ValueError(f"documents: expected integers, got {_repr_text(documents)}")
-    off = bool(a[0] == 0)  # cu_seqlens offsets; else lengths
-    what, lo = ("offsets", 0) if off else ("lengths", 1)
-    bad = np.flatnonzero((a < lo) | (a > n))
-    if bad.size:
-        k = int(bad[0])
-        raise ValueError(f"documents: {what} must be integers [{lo}, {n}], "
-                         f"got {what}[{k}]={int(a[k])}")
-    looks = a.size > 1 and bool(a[-1] == n and (np.diff(a.astype(np.int64)) > 0).all())
-    a = a.astype(np.int64)
-    if off:
-        bad = np.flatnonzero(np.diff(a) <= 0)
-        if bad.size:
-            k = int(bad[0]) + 1
-            raise ValueError(
-                f"documents: starts with 0, so read as cu_seqlens offsets, which must be strictly "
-                f"increasing; got offsets[{k}]={a[k]} after offsets[{k - 1}]={a[k - 1]} "
-                "(document lengths must be >= 1)"
-            )
-        if a.size < 2 or a[-1] != n:
-            raise ValueError(f"documents: cu_seqlens offsets must end at n={n}, "
-                             f"got {_repr_text(a.tolist())}")
-        return a
-    total = int(a.sum())  # every term <= n < 2^31, so no overflow below 2^32 documents
-    if total != n:
-        hint = "; cu_seqlens offsets must start at 0" if looks else ""
-        raise ValueError(f"documents: lengths sum to {total}, not n={n}{hint}")
-    out = np.zeros(a.size + 1, dtype=np.int64)
-    np.cumsum(a, out=out[1:])
-    return out
-
-
 def _check_layers(layers: Any) -> list[Pattern]:
     if isinstance(layers, Pattern):
         raise ValueError("layers: expected a list of Patterns (one per layer), got one Pattern; "

@@ -430,7 +430,8 @@ def offsets_of(pattern: Pattern) -> list[np.ndarray]:
     >>> [d.tolist() for d in offsets_of(make("strided", 8, stride=3))]
     [[0, 1, 2, 3], [0, 3, 6]]
     """
-    if not isinstance(pattern, Pattern) or pattern.rule is None or pattern.name not in _OFFSET_FAMILIES:
+    if (not isinstance(pattern, Pattern) or pattern.rule is None or pattern.name not in _OFFSET_FAMILIES
+            or "documents" in pattern.params):
         raise ValueError(f"pattern: offsets are known for generated {', '.join(_OFFSET_FAMILIES)} "
                          f"patterns, got {getattr(pattern, 'name', type(pattern).__name__)!r}")
     n, q, causal = pattern.n, pattern.params, pattern.causal
@@ -469,8 +470,8 @@ def structured_hops(
     >>> structured_hops(make("bigbird", 16)) is None
     True
     """
-    if not isinstance(pattern, Pattern) or pattern.rule is None:
-        return None
+    if not isinstance(pattern, Pattern) or pattern.rule is None or "documents" in pattern.params:
+        return None  # packed documents: the generic check (or verify_schedule, per document)
     kw = {"p": p, "mode": mode, "residual": residual, "depth": depth}
     if pattern.name in _OFFSET_FAMILIES:
         return offset_hops(pattern.n, offsets_of(pattern), causal=pattern.causal, **kw)

@@ -11,6 +11,7 @@ parameters, descriptions and papers come from :mod:`sparse_patterns.catalog`
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -65,6 +66,10 @@ def register(
     them here. Either way the declared parameters must be exactly the
     generator's keyword arguments (``TypeError`` otherwise).
 
+    The generator returned takes one more keyword, ``documents`` (lengths or
+    ``cu_seqlens`` offsets): the family applied inside each packed document
+    (:func:`sparse_patterns.documents.packed`).
+
     ``flex``, when given, is the family's FlexAttention formula:
     ``flex(pattern)`` returns one ``rule(q_idx, kv_idx) -> bool tensor`` per
     head, in the generator's parameters (``pattern.params``). It is only
@@ -83,7 +88,19 @@ def register(
         if set(taken) != declared:
             raise TypeError(f"{name}: declared params {declared} != signature {taken}")
         REGISTRY[name] = PatternSpec(name, func, tuple(params), description, reference, flex=flex)
-        return func
+
+        @functools.wraps(func)
+        def generator(n: int, *args: Any, documents: Any = None, **kwargs: Any) -> Pattern:
+            if documents is None:
+                return func(n, *args, **kwargs)
+            from ..documents import packed  # noqa: PLC0415
+
+            bound = sig.bind(n, *args, **kwargs).arguments
+            return packed(name, n, documents, **{k: v for k, v in bound.items() if k != "n"})
+
+        kw = inspect.Parameter("documents", inspect.Parameter.KEYWORD_ONLY, default=None)
+        generator.__signature__ = sig.replace(parameters=[*sig.parameters.values(), kw])  # type: ignore[attr-defined]
+        return generator
 
     return deco
 
@@ -123,6 +140,8 @@ def make(name: str, n: int, **params: Any) -> Pattern:
         Sequence length, ``>= 1``.
     **params
         The family's parameters; integers that follow ``n`` accept ``"sqrt"``.
+        ``documents`` (lengths or ``cu_seqlens`` offsets) applies the family
+        inside each packed document (:func:`sparse_patterns.documents.packed`).
 
     Returns
     -------
@@ -140,7 +159,14 @@ def make(name: str, n: int, **params: Any) -> Pattern:
     (('A1', 'A2'), 4)
     >>> make("strided", 16384, stride="sqrt").params["stride"]
     128
+    >>> make("local", 8, window=1, documents=[4, 4]).rows(4, 5).indices.tolist()
+    [4]
     """
+    if params.get("documents") is not None:
+        from ..documents import packed  # noqa: PLC0415
+
+        return packed(name, n, **params)
+    params.pop("documents", None)
     return get(name).func(n, **resolve(name, n, params))
 
 
