@@ -298,7 +298,7 @@ def test_malformed_pt_rejected(tmp_path):
         load(f)
     torch.save({"format": "deepspeed", "n": 2**31 - 1, "causal": True, "block": 2**30,
                 "layout": torch.ones(1, 2, 2, dtype=torch.int64)}, f)
-    with pytest.raises(ValueError, match="the layout expands to up to"):
+    with pytest.raises(ValueError, match=r"the layout \(1, 2, 2\) with block=1073741824 expands to [\d,]+ token pairs"):
         load(f)
     torch.save({"weights": torch.zeros(3)}, f)
     with pytest.raises(ValueError, match="not a file written by 'patterns export'"):

@@ -18,7 +18,7 @@ import numpy as np
 from .. import config
 from ..pattern import Pattern
 
-__all__ = ["index_dtype", "chunk_rows", "head_indices", "check_fits", "ordered_into"]
+__all__ = ["index_dtype", "chunk_rows", "head_indices", "check_fits", "check_load", "ordered_into"]
 
 
 def index_dtype(n: int, nnz: int) -> np.dtype:
@@ -74,6 +74,28 @@ def check_fits(what: str, need: int, instead: str) -> None:
         raise config.MemoryLimitError(
             f"{what}: needs {config.format_bytes(need)}, above the memory limit of "
             f"{config.format_bytes(limit)} (sparse_patterns.config.set_memory_limit); use {instead}"
+        )
+
+
+def check_load(where: str, what: str, need: int) -> None:
+    """Raise :class:`~sparse_patterns.config.MemoryLimitError` when loading a file would
+    allocate ``need`` bytes, more than :func:`~sparse_patterns.config.get_load_limit`.
+
+    ``what`` names the field of the file that asks for it.
+
+    Examples
+    --------
+    >>> with config.load_limit(1000):
+    ...     check_load("f.npz", "indices_0 declares 1,000 int32 entries", 5000)
+    Traceback (most recent call last):
+    ...
+    sparse_patterns.config.MemoryLimitError: f.npz: indices_0 declares 1,000 int32 entries: loading needs 5.0 kB, above the load limit of 1.0 kB (raise it with sparse_patterns.config.set_load_limit)
+    """
+    limit = config.get_load_limit()
+    if need > limit:
+        raise config.MemoryLimitError(
+            f"{where}: {what}: loading needs {config.format_bytes(need)}, above the load limit of "
+            f"{config.format_bytes(limit)} (raise it with sparse_patterns.config.set_load_limit)"
         )
 
 

@@ -18,11 +18,12 @@ import numpy as np
 from .._validate import MAX_N, check_bool, check_choice, check_int
 from ..pattern import BlockLayout, Pattern
 from ._common import head_layouts, head_plan, to_torch
+from ._stream import check_fits
 from .formats import LAYOUT_FORMATS
 
 __all__ = [
     "LAYOUT_FORMATS", "to_block_layout", "from_block_layout", "to_bsa_mask", "from_bsa_mask",
-    "BSA_BLOCK",
+    "BSA_BLOCK", "expansion_pairs", "expansion_bytes",
 ]
 
 #: Block-Sparse-Attention's fixed block size in tokens
@@ -132,6 +133,64 @@ def _layout_array(layout: Any, name: str) -> np.ndarray:
     return a
 
 
+def expansion_pairs(layout: np.ndarray, block: int, n: int, causal: bool) -> list[int]:
+    """The token pairs each head of a ``(H, nb, nb)`` layout expands to, counted exactly.
+
+    A set tile ``(I, J)`` holds ``size(I) * size(J)`` pairs, ``size`` being
+    the block's tokens cropped to ``n``; with ``causal``, tiles above the
+    diagonal hold none and a diagonal tile ``size(I) * (size(I) + 1) / 2``.
+    Any non-zero entry counts as set. Read in chunks of block rows (about
+    ``2**20`` cells at a time), so counting costs no ``(H, nb, nb)`` array.
+
+    Examples
+    --------
+    >>> expansion_pairs(np.array([[[1, 0], [1, 1]]]), 2, 3, causal=True)  # 3 + 2 + 1
+    [6]
+    >>> expansion_pairs(np.ones((2, 2, 2), dtype=bool), 2, 3, causal=False)
+    [9, 9]
+    """
+    H, nb = layout.shape[0], layout.shape[-1]
+    sizes = np.minimum(block, n - np.arange(nb, dtype=np.int64) * block)  # tokens per block
+    out = [0] * H
+    step = max(1, (1 << 20) // max(1, H * nb))
+    cols = np.arange(nb)
+    for i0 in range(0, nb, step):
+        i1 = min(nb, i0 + step)
+        part = layout[:, i0:i1, :] != 0  # (H, m, nb)
+        rows = np.arange(i0, i1)
+        if causal:
+            below = part & (cols[None, :] < rows[:, None])[None]  # whole tiles J < I
+            diag = part[:, rows - i0, rows]  # (H, m)
+            per = (below @ sizes) * sizes[i0:i1] + diag * (sizes[i0:i1] * (sizes[i0:i1] + 1) // 2)
+        else:
+            per = (part @ sizes) * sizes[i0:i1]
+        for h, v in enumerate(per.sum(axis=1).tolist()):
+            out[h] += int(v)
+    return out
+
+
+def expansion_bytes(layout: np.ndarray, pairs: list[int], n: int) -> int:
+    """Bytes that expanding ``layout`` (with :func:`expansion_pairs` ``pairs`` a head)
+    to a Pattern allocates at its peak (an upper estimate).
+
+    The 0/1 layout checked and copied (about 12 bytes a cell), every head's
+    CSR (an index and a bool a pair, one index a token; measured with the
+    allocator's slack: 13 bytes a pair), and, in passing, the largest head's
+    expansion and causal check (about 9 more bytes a pair and 36 a token).
+
+    Examples
+    --------
+    >>> expansion_bytes(np.ones((1, 2, 2), dtype=bool), [9], 3)
+    386
+    """
+    kept, passing = 0, 0
+    for p in pairs:
+        dt = 4 if max(n, p) < 2**31 - 1 else 8
+        kept += p * (dt + 9) + 2 * (n + 1) * dt
+        passing = max(passing, 9 * p + 36 * n)
+    return 12 * int(np.prod(layout.shape, dtype=object)) + kept + passing
+
+
 def from_block_layout(
     layout: Any,
     block: int,
@@ -171,6 +230,9 @@ def from_block_layout(
     ValueError
         A shape, dtype or value that is not a 0/1 ``(H, nb, nb)`` layout, or
         ``nb != ceil(n / block)``.
+    MemoryLimitError
+        (a ``ValueError``) When the expansion (its token pairs counted
+        first, :func:`expansion_pairs`) would pass the memory limit.
 
     Examples
     --------
@@ -185,8 +247,17 @@ def from_block_layout(
     block = check_int("block", block, 1)
     n = check_int("n", n, 1, MAX_N)
     causal = check_bool("causal", causal)
-    lay = _layout_array(layout, "layout")
+    if hasattr(layout, "detach") and hasattr(layout, "cpu"):
+        layout = layout.detach().cpu().numpy()
+    raw = np.asarray(layout)
     nb = -(-n // block)
+    if raw.ndim in (2, 3) and raw.shape[-1] == raw.shape[-2] == nb and raw.dtype != np.object_:
+        lay3 = raw[None] if raw.ndim == 2 else raw
+        pairs = expansion_pairs(lay3, block, n, causal)
+        check_fits(f"layout: expanding {lay3.shape[0]} heads of {nb:,} x {nb:,} blocks of "
+                   f"{block:,} tokens to {sum(pairs):,} token pairs",
+                   expansion_bytes(lay3, pairs, n), "a smaller n or layout")
+    lay = _layout_array(raw, "layout")
     if lay.shape[1] != nb:
         raise ValueError(
             f"layout: has nb={lay.shape[1]} blocks per side but ceil(n / block) = "

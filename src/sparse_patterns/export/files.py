@@ -3,11 +3,17 @@ suffix (or a format name) picks a row of :data:`~sparse_patterns.export.formats.
 whose module does the work (``npz``, ``safetensors``, ``recipe`` for ``.json``,
 ``pt`` for the torch targets).
 
-Loading is safe: no pickle anywhere; every header (sizes, dtypes, shapes) is
-checked before any array is allocated, then index ranges, sorted and unique
-column indices, square shape and a consistent ``n``. A malformed or hostile
-file raises ``ValueError`` with a one-line message. Every file is written
-atomically (a temporary name, then a rename) with the umask's permissions.
+Loading is safe and bounded: no pickle anywhere; every header (sizes, dtypes,
+shapes, a ``.pt`` tensor's strides against its storage) is checked, and the
+bytes loading the file would allocate are compared with the load limit
+(:func:`sparse_patterns.config.get_load_limit`, by default the smaller of
+1 GiB and the memory limit), before any array is allocated; then index
+ranges, sorted and unique column indices, square shape and a consistent
+``n``. A file's name and params are kept only when they regenerate exactly
+its heads. A malformed or hostile file raises ``ValueError`` (or
+:class:`~sparse_patterns.config.MemoryLimitError`, one) with a one-line
+message. Every file is written atomically (a temporary name, then a rename)
+with the umask's permissions.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .._validate import check_int
 from ..pattern import Pattern
 from .formats import FILE_FORMATS, FORMATS, by_suffix
 
@@ -77,21 +84,32 @@ def save(pattern: Pattern, path: str | os.PathLike) -> Path:
     return by_suffix(suffix)[0].write(pattern, path)
 
 
-def load(path: str | os.PathLike, *, max_nnz: int = 1 << 34) -> Pattern:
+def load(path: str | os.PathLike, *, max_nnz: int | None = None) -> Pattern:
     """Load a pattern saved by :func:`save` (or a ``.pt`` from ``patterns export``).
 
-    Nothing is unpickled. Sizes, dtypes and shapes are checked before any
-    array is allocated; then ``indptr`` (starts at 0, non-decreasing, ends at
-    nnz), column indices (in ``[0, n)``, sorted and unique within each row),
-    ``n`` (consistent everywhere, at most ``2**31 - 1``) and causality.
+    Nothing is unpickled. Sizes, dtypes and shapes are checked, and the bytes
+    loading them would allocate are estimated and compared with
+    :func:`sparse_patterns.config.get_load_limit`, before any array is
+    allocated; then ``indptr`` (starts at 0, non-decreasing, ends at nnz),
+    column indices (in ``[0, n)``, sorted and unique within each row), ``n``
+    (consistent everywhere, at most ``2**31 - 1``) and causality.
+
+    The metadata is not trusted: a registered name with params (``strided``,
+    ``stride=4``) is kept only when the generator regenerates exactly the
+    stored heads (compared row chunk by row chunk); otherwise the pattern
+    loads as a user layout (``"custom"``, no params), which has no recipe. A
+    ``.json`` recipe, or the recipe in a ``flex`` ``.pt``, regenerates its
+    pattern with the generator's own checks; the pattern stays lazy (its
+    rule, no CSR), so loading it allocates next to nothing at any ``n``.
 
     Parameters
     ----------
     path : str or path-like
         ``.npz``, ``.safetensors``, ``.json`` or ``.pt``.
-    max_nnz : int
-        For ``.pt`` block layouts: the most token pairs the Kronecker
-        expansion may produce.
+    max_nnz : int, optional
+        The most entries (token pairs, summed over the heads) a file's CSR or
+        a ``.pt`` block layout's Kronecker expansion may hold; by default only
+        the load limit bounds them.
 
     Returns
     -------
@@ -101,6 +119,9 @@ def load(path: str | os.PathLike, *, max_nnz: int = 1 << 34) -> Pattern:
     ------
     ValueError
         A missing, malformed or hostile file, with a one-line message.
+    MemoryLimitError
+        (a ``ValueError``) Loading would pass the load limit; the message
+        names the field, the bytes and the limit.
 
     Examples
     --------
@@ -120,6 +141,8 @@ def load(path: str | os.PathLike, *, max_nnz: int = 1 << 34) -> Pattern:
         )
     if not path.is_file():
         raise ValueError(f"path: no such file {str(path)!r}")
+    if max_nnz is not None:
+        max_nnz = check_int("max_nnz", max_nnz, 0)
     return found[0].read(path, max_nnz=max_nnz)  # the formats of one suffix share a reader
 
 

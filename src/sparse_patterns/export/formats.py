@@ -102,9 +102,10 @@ FORMATS: dict[str, Format] = {
         _torch("triton", "Triton blocksparse layout, int64 (H, nb, nb) (block 16)", layout=True),
         _torch("bsa", "Block-Sparse-Attention base_blockmask, bool (1, H, nb, nb) (block 128)"),
         Format("npz", ".npz", "npz:write", "npz:read", False,
-               "CSR of every head and JSON metadata, compressed NumPy archive"),
+               "CSR of every head and JSON metadata, compressed NumPy archive",
+               read_options=("max_nnz",)),
         Format("safetensors", ".safetensors", "safetensors:write", "safetensors:read", False,
-               "CSR of every head as tensors, metadata in the header"),
+               "CSR of every head as tensors, metadata in the header", read_options=("max_nnz",)),
         Format("json", ".json", "recipe:write", "recipe:read", False,
                "recipe (name, params, n) that regenerates a registered pattern"),
     )

@@ -7,17 +7,34 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 
 from .._atomic import atomic_write
 from ..pattern import Pattern
-from ._codec import MAX_INFLATE, MAX_META, build, check_meta, expected_names, meta_of
+from ._codec import (
+    MAX_INFLATE,
+    MAX_META,
+    build,
+    check_meta,
+    expected_names,
+    loads_json,
+    meta_of,
+)
+from ._codec import one_line as _one
 from ._stream import chunk_rows, head_indices, index_dtype
 
 __all__ = ["write", "read"]
+
+#: what reading a damaged zip archive or .npy member raises (``zlib.error`` for
+#: corrupt deflate data, ``RuntimeError`` for an encrypted member,
+#: ``NotImplementedError`` for an unknown compression method)
+_ZIP_ERRORS = (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error, RuntimeError,
+               NotImplementedError, struct.error)
 
 
 def write(pattern: Pattern, path: str | os.PathLike) -> Path:
@@ -93,12 +110,14 @@ def _member(zf: zipfile.ZipFile, name: str, dt: np.dtype, count: int, pieces) ->
         raise ValueError(f"{name}: the pattern's rows hold {written:,}+ entries, its counts say {count:,}")
 
 
-def read(path: str | os.PathLike) -> Pattern:
+def read(path: str | os.PathLike, *, max_nnz: int | None = None) -> Pattern:
     """Read a ``.npz`` written by :func:`write`, checking every header before its array.
 
     No pickle: object arrays are refused; a member's declared size is checked
-    against its compressed size and its header against the metadata before
-    anything is inflated.
+    against its compressed size, its header against the metadata, and the
+    bytes loading every array takes against the load limit
+    (:func:`sparse_patterns.config.get_load_limit`) before anything is
+    inflated; ``max_nnz``, when given, bounds the entries of all heads.
 
     Examples
     --------
@@ -113,16 +132,22 @@ def read(path: str | os.PathLike) -> Pattern:
     size = path.stat().st_size
     try:
         zf = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
-        raise ValueError(f"{where}: not a valid .npz (zip) file: {exc}") from None
+    except _ZIP_ERRORS as exc:
+        raise ValueError(f"{where}: not a valid .npz (zip) file: {_one(exc)}") from None
     with zf:
         infos = {}
         for zi in zf.infolist():
             if not zi.filename.endswith(".npy"):
-                raise ValueError(f"{where}: unexpected member {zi.filename!r}")
+                raise ValueError(f"{where}: unexpected member {zi.filename[:80]!r}")
+            if zi.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                # bzip2 / lzma inflate without a bound per read: never written by NumPy
+                raise ValueError(
+                    f"{where}: member {zi.filename[:80]!r} uses zip compression method "
+                    f"{zi.compress_type}; only stored (0) and deflated (8) are read"
+                )
             if zi.file_size > MAX_INFLATE * zi.compress_size + 4096 or zi.compress_size > size:
                 raise ValueError(
-                    f"{where}: member {zi.filename!r} claims {zi.file_size:,} bytes from "
+                    f"{where}: member {zi.filename[:80]!r} claims {zi.file_size:,} bytes from "
                     f"{zi.compress_size:,} compressed: corrupt or hostile"
                 )
             infos[zi.filename[:-4]] = zi
@@ -141,11 +166,13 @@ def read(path: str | os.PathLike) -> Pattern:
                         shape, fortran, dtype = np.lib.format.read_array_header_2_0(fp)
                     else:
                         raise ValueError(f"unsupported .npy version {version}")
-                    hlen = fp.tell() if hasattr(fp, "tell") else 0
-            except (ValueError, OSError, EOFError, zipfile.BadZipFile, SyntaxError) as exc:
-                raise ValueError(f"{where}: array {name!r} has a bad header: {exc}") from None
+                    hlen = fp.tell()
+            except (*_ZIP_ERRORS, SyntaxError, TypeError, RecursionError) as exc:
+                raise ValueError(f"{where}: array {name!r} has a bad header: {_one(exc)}") from None
             if dtype.hasobject:
                 raise ValueError(f"{where}: array {name!r} has dtype {dtype}, which needs pickle")
+            if any(s < 0 for s in shape):
+                raise ValueError(f"{where}: array {name!r} has a negative shape {tuple(shape)}")
             nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize if shape else dtype.itemsize
             if nbytes + hlen > infos[name].file_size:
                 raise ValueError(
@@ -158,8 +185,8 @@ def read(path: str | os.PathLike) -> Pattern:
             try:
                 with zf.open(infos[name]) as fp:
                     a = np.lib.format.read_array(fp, allow_pickle=False)
-            except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-                raise ValueError(f"{where}: cannot read array {name!r}: {exc}") from None
+            except _ZIP_ERRORS as exc:
+                raise ValueError(f"{where}: cannot read array {name!r}: {_one(exc)}") from None
             if a.size != count:
                 raise ValueError(f"{where}: array {name!r} has {a.size} entries, expected {count}")
             return a.ravel()
@@ -168,12 +195,8 @@ def read(path: str | os.PathLike) -> Pattern:
         if dt != np.dtype(np.uint8) or len(shape) != 1 or shape[0] > MAX_META:
             raise ValueError(f"{where}: 'meta' must be a 1-D uint8 array of at most {MAX_META} bytes")
         raw = read_array("meta", shape[0])
-        try:
-            meta = json.loads(raw.tobytes().decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{where}: 'meta' is not valid JSON: {exc}") from None
-        meta = check_meta(meta, where)
+        meta = check_meta(loads_json(raw.tobytes(), where, "'meta'"), where)
         extra = set(infos) - expected_names(meta["num_heads"]) - {"meta"}
         if extra:
-            raise ValueError(f"{where}: unexpected arrays {sorted(extra)}")
-        return build(where, meta, read_array, header)
+            raise ValueError(f"{where}: unexpected arrays {sorted(extra)[:4]}")
+        return build(where, meta, read_array, header, max_nnz=max_nnz)

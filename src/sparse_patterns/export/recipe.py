@@ -1,6 +1,12 @@
 """The ``.json`` recipe: a registered pattern's name, params and n, from which
 :func:`from_recipe` regenerates it exactly (so the file is a few hundred
-bytes at any n)."""
+bytes at any n).
+
+Reading one runs the generator's own checks (those ``make`` and the CLI run)
+on ``n`` and every param, and returns the generated pattern, which carries
+its rule and builds nothing: loading a recipe allocates next to nothing at
+any ``n``; what is later read from the pattern is bounded by the memory
+limit where it is read."""
 
 from __future__ import annotations
 
@@ -9,10 +15,19 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .. import config
 from .._atomic import atomic_write
 from .._validate import MAX_N
 from ..pattern import Pattern
-from ._codec import FORMAT_VERSION, MAX_META, jsonable
+from ._codec import (
+    FORMAT_VERSION,
+    MAX_META,
+    check_params,
+    jsonable,
+    loads_json,
+    one_line,
+    short_repr,
+)
 
 __all__ = ["to_recipe", "from_recipe", "write", "read"]
 
@@ -41,7 +56,8 @@ def to_recipe(pattern: Pattern) -> dict[str, Any]:
     if spec is None or set(pattern.params) != {p.name for p in spec.params}:
         raise ValueError(
             f"pattern: a {pattern.name!r} pattern has no recipe (only registered patterns "
-            "with their generator's params do); save it as .npz or .safetensors"
+            "with their generator's params do; a loaded file whose name and params do not "
+            "regenerate its heads loads as 'custom'); save it as .npz or .safetensors"
         )
     return {
         "pattern": pattern.name,
@@ -53,6 +69,17 @@ def to_recipe(pattern: Pattern) -> dict[str, Any]:
 
 def from_recipe(recipe: Any, *, where: str = "recipe") -> Pattern:
     """Regenerate a pattern from its recipe (see :func:`to_recipe`).
+
+    ``n`` and the params go through the generator's own checks (what
+    ``make`` and the CLI do); a param must be a number, string, boolean or
+    null. The pattern returned carries its rule: nothing is built.
+
+    Raises
+    ------
+    ValueError
+        A recipe that is not a JSON object of the known keys, an unknown
+        pattern, ``n`` or a param the generator refuses; one line, prefixed
+        with ``where``.
 
     Examples
     --------
@@ -67,23 +94,23 @@ def from_recipe(recipe: Any, *, where: str = "recipe") -> Pattern:
         raise ValueError(f"{where}: a recipe must be a JSON object")
     unknown = set(recipe) - {"pattern", "params", "n", "version", "generator"}
     if unknown:
-        raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+        raise ValueError(f"{where}: unknown keys {[k[:40] for k in sorted(unknown)[:4]]}")
     v = recipe.get("version")
     if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= FORMAT_VERSION:
-        raise ValueError(f"{where}: version must be an integer in [1, {FORMAT_VERSION}], got {v!r}")
+        raise ValueError(
+            f"{where}: version must be an integer in [1, {FORMAT_VERSION}], got {short_repr(v)}"
+        )
     name = recipe.get("pattern")
     if not isinstance(name, str):
-        raise ValueError(f"{where}: 'pattern' must be a pattern name, got {name!r}")
+        raise ValueError(f"{where}: 'pattern' must be a pattern name, got {short_repr(name)}")
     n = recipe.get("n")
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
-        raise ValueError(f"{where}: n must be an integer in [1, {MAX_N}], got {n!r}")
-    params = recipe.get("params", {})
-    if not isinstance(params, dict):
-        raise ValueError(f"{where}: 'params' must be a JSON object")
+        raise ValueError(f"{where}: n must be an integer in [1, {MAX_N}], got {short_repr(n)}")
+    params = check_params(recipe.get("params", {}), where, "'params'")
     try:
         return registry.make(name, n, **params)
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise ValueError(f"{where}: {one_line(exc)}") from None
 
 
 def write(pattern: Pattern, path: str | os.PathLike) -> Path:
@@ -111,6 +138,9 @@ def write(pattern: Pattern, path: str | os.PathLike) -> Path:
 def read(path: str | os.PathLike) -> Pattern:
     """Regenerate the pattern a JSON recipe file names (at most ``MAX_META`` bytes).
 
+    Any malformed JSON (deep nesting included) is a one-line ``ValueError``;
+    the generator runs under the memory limit lowered to the load limit.
+
     Examples
     --------
     >>> import os, tempfile
@@ -123,8 +153,10 @@ def read(path: str | os.PathLike) -> Pattern:
     where = str(path)
     if path.stat().st_size > MAX_META:
         raise ValueError(f"{where}: a recipe is at most {MAX_META:,} bytes")
-    try:
-        recipe = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{where}: not valid JSON: {exc}") from None
-    return from_recipe(recipe, where=where)
+    with open(path, "rb") as f:
+        data = f.read(MAX_META + 1)  # the file may have grown since
+    if len(data) > MAX_META:
+        raise ValueError(f"{where}: a recipe is at most {MAX_META:,} bytes")
+    recipe = loads_json(data, where, "the recipe")
+    with config.memory_limit(min(config.get_memory_limit(), config.get_load_limit())):
+        return from_recipe(recipe, where=where)  # a generator's own guards use the load limit

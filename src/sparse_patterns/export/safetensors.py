@@ -15,13 +15,27 @@ import numpy as np
 
 from .._atomic import atomic_write
 from ..pattern import Pattern
-from ._codec import build, check_meta, expected_names, meta_of
+from ._codec import (
+    MAX_HEADS,
+    MAX_META,
+    build,
+    check_meta,
+    expected_names,
+    loads_json,
+    meta_of,
+    one_line,
+    short_repr,
+)
 from ._stream import chunk_rows, index_dtype
 
 __all__ = ["write", "read"]
 
 _ST_DTYPES = {"I32": np.dtype("<i4"), "I64": np.dtype("<i8")}
 _ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
+#: most bytes of a header this package reads: the metadata JSON (as an escaped
+#: string, about twice its size) and an entry of at most 128 bytes for each of the
+#: 2 * MAX_HEADS tensors
+MAX_HEADER = 2 * MAX_META + 256 * MAX_HEADS + 4096
 
 
 def write(pattern: Pattern, path: str | os.PathLike) -> Path:
@@ -90,11 +104,14 @@ def write(pattern: Pattern, path: str | os.PathLike) -> Path:
     return atomic_write(path, fill)
 
 
-def read(path: str | os.PathLike) -> Pattern:
+def read(path: str | os.PathLike, *, max_nnz: int | None = None) -> Pattern:
     """Read a ``.safetensors`` written by :func:`write`, checking the header first.
 
-    The JSON header (its size bounded by the file's), the metadata, every
-    tensor's dtype, shape and data offsets are checked before a tensor is read.
+    The JSON header (its size bounded by the file's and by what the metadata
+    and ``2 * MAX_HEADS`` tensor entries can take), the metadata, every
+    tensor's dtype, shape and data offsets are checked, and the bytes loading
+    them takes against the load limit, before a tensor is read; ``max_nnz``,
+    when given, bounds the entries of all heads.
 
     Examples
     --------
@@ -112,44 +129,41 @@ def read(path: str | os.PathLike) -> Pattern:
         if len(head) < 8:
             raise ValueError(f"{where}: truncated: no safetensors header")
         (hlen,) = struct.unpack("<Q", head)
-        if hlen > min(size - 8, 100 << 20):
+        if hlen > size - 8:
             raise ValueError(
                 f"{where}: header claims {hlen:,} bytes but the file has {size:,}: truncated or corrupt"
             )
-        try:
-            header = json.loads(f.read(hlen).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{where}: the safetensors header is not valid JSON: {exc}") from None
+        if hlen > MAX_HEADER:
+            raise ValueError(f"{where}: header claims {hlen:,} bytes; a sparse-patterns header "
+                             f"is at most {MAX_HEADER:,}")
+        header = loads_json(f.read(hlen), where, "the safetensors header")
     if not isinstance(header, dict):
         raise ValueError(f"{where}: the safetensors header must be a JSON object")
     md = header.pop("__metadata__", None) or {}
-    if not isinstance(md, dict) or "sparse_patterns" not in md:
+    if not isinstance(md, dict) or not isinstance(md.get("sparse_patterns"), str):
         raise ValueError(f"{where}: no 'sparse_patterns' metadata: not a sparse-patterns file")
-    try:
-        meta = json.loads(md["sparse_patterns"])
-    except (TypeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{where}: the metadata is not valid JSON: {exc}") from None
-    meta = check_meta(meta, where)
+    meta = check_meta(loads_json(md["sparse_patterns"], where, "the metadata"), where)
     extra = set(header) - expected_names(meta["num_heads"])
     if extra:
-        raise ValueError(f"{where}: unexpected tensors {sorted(extra)}")
-    data_len = size - 8 - hlen
+        raise ValueError(f"{where}: unexpected tensors {sorted(extra)[:4]}")
+    base = 8 + hlen
+    data_len = size - base
 
     def headers(name: str) -> tuple[np.dtype, tuple]:
         info = header.get(name)
         if not isinstance(info, dict):
             raise ValueError(f"{where}: missing tensor {name!r}")
-        dt = _ST_DTYPES.get(info.get("dtype"))
+        dt = _ST_DTYPES.get(info.get("dtype")) if isinstance(info.get("dtype"), str) else None
         if dt is None:
-            raise ValueError(f"{where}: {name} has dtype {info.get('dtype')!r}, expected int32 or int64")
+            raise ValueError(f"{where}: {name} has dtype {short_repr(info.get('dtype'))}, expected int32 or int64")
         shape = info.get("shape")
         offs = info.get("data_offsets")
-        if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)):
-            raise ValueError(f"{where}: {name} has a bad shape {shape!r}")
-        if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) for o in offs)):
-            raise ValueError(f"{where}: {name} has bad data_offsets {offs!r}")
+        if not (isinstance(shape, list) and all(_nat(s) for s in shape)):
+            raise ValueError(f"{where}: {name} has a bad shape {short_repr(shape)}")
+        if not (isinstance(offs, list) and len(offs) == 2 and all(_nat(o) for o in offs)):
+            raise ValueError(f"{where}: {name} has bad data_offsets {short_repr(offs)}")
         nbytes = int(np.prod(shape, dtype=object)) * dt.itemsize
-        if not 0 <= offs[0] <= offs[1] <= data_len or offs[1] - offs[0] != nbytes:
+        if not offs[0] <= offs[1] <= data_len or offs[1] - offs[0] != nbytes:
             raise ValueError(
                 f"{where}: {name} declares {nbytes:,} bytes at {offs} but the data holds "
                 f"{data_len:,}: truncated or corrupt"
@@ -157,13 +171,20 @@ def read(path: str | os.PathLike) -> Pattern:
         return dt, tuple(shape)
 
     def read_tensor(name: str, count: int) -> np.ndarray:
-        from safetensors import SafetensorError, safe_open  # noqa: PLC0415
-
+        dt, _ = headers(name)
         try:
-            with safe_open(str(path), framework="numpy") as st:
-                a = st.get_tensor(name)
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise ValueError(f"{where}: cannot read tensor {name!r}: {exc}") from None
-        return np.asarray(a).ravel()
+            with open(path, "rb") as f:
+                f.seek(base + header[name]["data_offsets"][0])
+                a = np.fromfile(f, dtype=dt, count=count)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{where}: cannot read tensor {name!r}: {one_line(exc)}") from None
+        if a.size != count:
+            raise ValueError(f"{where}: tensor {name!r} is truncated: {a.size:,} of {count:,} entries")
+        return a
 
-    return build(where, meta, read_tensor, headers)
+    return build(where, meta, read_tensor, headers, max_nnz=max_nnz)
+
+
+def _nat(v: object) -> bool:
+    """A JSON integer >= 0 (not a bool)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
