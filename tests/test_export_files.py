@@ -23,7 +23,7 @@ FAMILY_CASES = [
     ("local", {"window": 3}), ("dilated", {"window": 2, "dilation": 3}),
     ("local2d", {"query_block": 2, "memory": 1}), ("axial2d", {"causal": False}),
     ("factorized", {"p": 3}), ("longformer", {"window": 2, "global_tokens": 2}),
-    ("bigbird", {"block": 4, "random_blocks": 1, "seed": 7}),
+    ("bigbird", {"block": 4, "random_blocks": 1, "seed": 7}), ("global_tokens", {"tokens": 3}),
 ]
 
 

@@ -247,7 +247,7 @@ def test_mask_table_maps_every_tile_to_its_own_mask(limit):
         idx = table.add(masks, tm)
         assert ((idx < 0) == (tm < 0)).all()
         got = table.array(2)
-        for m, i in zip(tm, idx):
+        for m, i in zip(tm, idx, strict=True):
             if m >= 0:
                 assert (got[i] == masks[m]).all()
     assert table.array(2).shape[0] <= (4 if limit >= 4 else 30)

@@ -62,6 +62,8 @@ _LAZY = {
     "factorized": "sparse_patterns.patterns.factorized",
     "longformer": "sparse_patterns.patterns.longformer",
     "bigbird": "sparse_patterns.patterns.bigbird",
+    "global_tokens": "sparse_patterns.patterns.global_tokens",
+    **dict.fromkeys(("expression_recipe", "from_expression"), "sparse_patterns.algebra"),
     # heavier pieces (numba kernels, torch, matplotlib)
     **dict.fromkeys(("verify", "verify_schedule", "explain", "scaling", "VerifyReport"),
                     "sparse_patterns.analysis"),
@@ -73,7 +75,7 @@ _LAZY = {
 #: Subpackages, imported on first attribute access (``sps.export.save``, ``sps.render``).
 _SUBPACKAGES = ("analysis", "kernels", "export", "render", "profiling", "testing", "torch")
 #: Modules that resolve as attributes too (``sps.config.set_memory_limit``).
-_MODULES = ("config", "layout", "pattern", "patterns")
+_MODULES = ("config", "layout", "pattern", "patterns", "algebra")
 
 __all__ = list(_LAZY)
 

@@ -176,6 +176,13 @@ CATALOG: dict[str, Family] = {f.name: f for f in (
         reference="Vaswani et al. 2017, arXiv:1706.03762",
     ),
     _family(
+        "global_tokens",
+        Param("tokens", int, 1, "g: the first g positions are global"),
+        _CAUSAL,
+        description="g global tokens: every position sees them, they see every earlier one",
+        reference="Beltagy et al. 2020, arXiv:2004.05150; Zaheer et al. 2020, arXiv:2007.14062",
+    ),
+    _family(
         "local",
         Param("window", int, "sqrt", "w: how far back (and forward, if bidirectional) i sees",
               follows_n=True),

@@ -255,7 +255,9 @@ def within(pattern: Pattern, documents: Any) -> Pattern:
     Returns
     -------
     Pattern
-        Same name and heads, ``params["documents"]`` added.
+        Named ``within(NAME)`` (it is not what the family's generator makes,
+        so no recipe or family formula applies), same heads,
+        ``params["documents"]`` added.
 
     Examples
     --------
@@ -285,6 +287,6 @@ def within(pattern: Pattern, documents: Any) -> Pattern:
 
     rule = PatternRule(pattern.num_heads, lambda: take(np.arange(n)),
                        rows=lambda a, b: take(np.arange(a, b)), take=take)
-    return Pattern.from_rule(rule, n, name=pattern.name, causal=pattern.causal,
+    return Pattern.from_rule(rule, n, name=f"within({pattern.name})", causal=pattern.causal,
                              head_names=pattern.head_names,
                              params={**pattern.params, "documents": _lengths(where)})

@@ -31,7 +31,7 @@ __all__ = [
     "FORMAT_VERSION", "MAX_HEADS", "MAX_META", "MAX_INFLATE", "INDEX_DTYPES", "CHECK_CHUNK",
     "meta_of", "jsonable", "arrays_of", "one_line", "short_repr", "loads_json", "check_meta",
     "check_params", "check_header",
-    "check_indptr", "check_csr", "load_bytes", "verify_bytes", "regenerated_params", "build",
+    "check_indptr", "check_csr", "load_bytes", "verify_bytes", "regenerated", "build",
     "expected_names",
 ]
 
@@ -298,9 +298,12 @@ def _registered(name: str) -> bool:
     return name in registry.REGISTRY
 
 
-def regenerated_params(heads: list[sp.csr_matrix], meta: dict[str, Any]) -> dict[str, Any] | None:
-    """The params of the registered generator ``meta["name"]`` when, given the file's
-    params, it regenerates exactly ``heads``; else None.
+def regenerated(heads: list[sp.csr_matrix], meta: dict[str, Any]) -> Pattern | None:
+    """The pattern the registered generator ``meta["name"]`` makes from the file's
+    params, when it is exactly ``heads`` (under the file's head names); else None.
+
+    Loading returns it instead of the held CSR: it carries its rule (row
+    ranges, closed-form counts, a recipe), and it is the same pattern.
 
     Cheap checks first (the generator accepts the params; heads, causality and
     the entries of every head agree), then the rows, chunk by chunk, against
@@ -313,9 +316,9 @@ def regenerated_params(heads: list[sp.csr_matrix], meta: dict[str, Any]) -> dict
     >>> from sparse_patterns import make
     >>> pat = make("strided", 16, stride=4)
     >>> meta = meta_of(pat)
-    >>> regenerated_params(list(pat.heads), meta)["stride"]
+    >>> regenerated(list(pat.heads), meta).params["stride"]
     4
-    >>> regenerated_params(list(make("full", 16).heads) * 2, meta) is None
+    >>> regenerated(list(make("full", 16).heads) * 2, meta) is None
     True
     """
     from ..patterns import registry  # noqa: PLC0415
@@ -335,7 +338,11 @@ def regenerated_params(heads: list[sp.csr_matrix], meta: dict[str, Any]) -> dict
                         return None
                     if not np.array_equal(np.diff(h.indptr[start : stop + 1]), np.diff(m.indptr)):
                         return None
-            return dict(gen.params)
+            names = meta.get("head_names")
+            if names is None or tuple(names) == gen.head_names:
+                return gen
+            return Pattern.from_rule(gen.rule, gen.n, name=gen.name, params=gen.params,
+                                     causal=gen.causal, head_names=names)
     except (ValueError, TypeError, OverflowError, MemoryError, RecursionError, KeyError):
         return None  # params the generator refuses, or a size it cannot afford: unverified
 
@@ -383,9 +390,10 @@ def build(where: str, meta: dict[str, Any], read: Callable[[str, int], np.ndarra
         del indptr, indices
     name, params = meta["name"], meta["params"]
     if named:
-        params = regenerated_params(heads, meta)
-        if params is None:  # the metadata does not describe these heads: a user layout
-            name, params = "custom", {}
+        gen = regenerated(heads, meta)
+        if gen is not None:
+            return gen
+        name, params = "custom", {}  # the metadata does not describe these heads: a user layout
     try:
         return Pattern(heads, name=name, params=params, causal=meta["causal"],
                        head_names=meta["head_names"])

@@ -23,7 +23,6 @@ from ._codec import (
     FORMAT_VERSION,
     MAX_META,
     check_params,
-    jsonable,
     loads_json,
     one_line,
     short_repr,
@@ -50,21 +49,17 @@ def to_recipe(pattern: Pattern) -> dict[str, Any]:
     >>> to_recipe(make("strided", 16, stride=4))
     {'pattern': 'strided', 'params': {'stride': 4, 'window': 'paper', 'causal': True}, 'n': 16, 'version': 1}
     """
-    from ..patterns import registry  # noqa: PLC0415
+    from ..algebra import expression_recipe  # noqa: PLC0415
 
-    spec = registry.REGISTRY.get(pattern.name)
-    if spec is None or set(pattern.params) != {p.name for p in spec.params}:
+    expr = expression_recipe(pattern)
+    if expr is None:
         raise ValueError(
             f"pattern: a {pattern.name!r} pattern has no recipe (only registered patterns "
-            "with their generator's params do; a loaded file whose name and params do not "
-            "regenerate its heads loads as 'custom'); save it as .npz or .safetensors"
+            "with their generator's params, packed documents and their algebra do; a loaded "
+            "file whose name and params do not regenerate its heads loads as 'custom'); "
+            "save it as .npz or .safetensors"
         )
-    return {
-        "pattern": pattern.name,
-        "params": jsonable(dict(pattern.params)),
-        "n": pattern.n,
-        "version": FORMAT_VERSION,
-    }
+    return {**expr, "version": FORMAT_VERSION}
 
 
 def from_recipe(recipe: Any, *, where: str = "recipe") -> Pattern:
@@ -87,12 +82,15 @@ def from_recipe(recipe: Any, *, where: str = "recipe") -> Pattern:
     >>> pat = make("fixed", 16, stride=4, c=1)
     >>> from_recipe(to_recipe(pat)) == pat
     True
+    >>> both = make("strided", 16, stride=4, documents=[6, 10]) + make("global_tokens", 16, tokens=2)
+    >>> from_recipe(to_recipe(both)) == both
+    True
     """
     from ..patterns import registry  # noqa: PLC0415
 
     if not isinstance(recipe, dict):
         raise ValueError(f"{where}: a recipe must be a JSON object")
-    unknown = set(recipe) - {"pattern", "params", "n", "version", "generator"}
+    unknown = set(recipe) - {"pattern", "params", "n", "version", "generator", "op", "args"}
     if unknown:
         raise ValueError(f"{where}: unknown keys {[k[:40] for k in sorted(unknown)[:4]]}")
     v = recipe.get("version")
@@ -100,6 +98,11 @@ def from_recipe(recipe: Any, *, where: str = "recipe") -> Pattern:
         raise ValueError(
             f"{where}: version must be an integer in [1, {FORMAT_VERSION}], got {short_repr(v)}"
         )
+    params = recipe.get("params")
+    if "op" in recipe or (isinstance(params, dict) and "documents" in params):
+        from ..algebra import from_expression  # noqa: PLC0415
+
+        return from_expression(recipe, where=where)
     name = recipe.get("pattern")
     if not isinstance(name, str):
         raise ValueError(f"{where}: 'pattern' must be a pattern name, got {short_repr(name)}")

@@ -7,7 +7,7 @@ block layout (in the pattern's rule) and the FlexAttention formula it registers
 beside its generator (``REGISTRY[name].flex``).
 """
 
-from . import axial, bigbird, factorized, fixed, full, local, longformer, strided  # noqa: F401
+from . import axial, bigbird, factorized, fixed, full, global_tokens, local, longformer, strided  # noqa: F401
 from .registry import (
     REGISTRY,
     Param,

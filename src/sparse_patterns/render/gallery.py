@@ -32,6 +32,7 @@ GALLERY_PATTERNS: dict[str, dict[str, Any]] = {
     "factorized": {"p": 3},
     "longformer": {"window": 6, "global_tokens": 2},
     "bigbird": {"block": 8, "window_blocks": 1, "global_blocks": 1, "random_blocks": 1},
+    "global_tokens": {"tokens": 4},
 }
 _GALLERY_N = 64
 #: Shorter parameter text for the overview's panel titles.
