@@ -304,14 +304,17 @@ def test_cli_schedule_passes_and_fails():
     assert "VERIFIED" in res.stdout and "residual=off" in res.stdout
 
 
-def test_cli_schedule_documents_leak(tmp_path):
+def test_cli_schedule_documents_make_every_layer_inside_them(tmp_path):
     res = runner.invoke(app, ["verify", "--schedule", "full", "--n", "64", "--documents", "16,48",
                               "--json"])
-    assert res.exit_code == 1
+    assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
-    assert d["criterion1"] and d["leak"] and d["leak_example"] == [0, 16, 0]
-    res = runner.invoke(app, ["verify", "--schedule", "full", "--n", "64", "--documents", "0,16,64"])
-    assert res.exit_code == 1 and "leak" in res.stdout and "(16, 0)" in res.stdout
+    assert d["criterion1"] and d["leak"] is False and d["layers_to_connect"] == 1
+    # local(4) inside documents of 16 + 48 needs more than two layers: exit 1, no leak
+    res = runner.invoke(app, ["verify", "--schedule", "local:window=4,local:window=4", "--n", "64",
+                              "--documents", "0,16,64", "--json"])
+    d = json.loads(res.stdout)
+    assert res.exit_code == 1 and d["leak"] is False and d["layers_to_connect"] is None
     path = tmp_path / "sched.json"
     path.write_text(json.dumps([{"pattern": "local", "params": {"window": 2}},
                                 {"pattern": "strided", "params": {"stride": 4}}, {"pattern": "full"}]))

@@ -307,27 +307,36 @@ def _check_name(name: str) -> None:
 
 
 def pattern_from_args(name: str | None, n: int | None, args: Sequence[str],
-                      file: str | None = None) -> Pattern:
-    """Build the pattern a command names: ``NAME --n N [--param value ...]`` or ``--file F``."""
+                      file: str | None = None, documents: Sequence[int] | None = None) -> Pattern:
+    """Build the pattern a command names: ``NAME --n N [--param value ...]`` or ``--file F``.
+
+    ``documents`` (lengths or offsets): the family made inside each document, or
+    a file's pattern cut at them (``within``).
+    """
     if file is not None:
         if name is not None or args:
             raise UsageError("file: give either a pattern name with its options or --file, not both")
         from .export import load  # noqa: PLC0415
 
         try:
-            return load(file)
+            pat = load(file)
+            if documents is None:
+                return pat
         except BAD_INPUT:
             raise
         except Exception as exc:  # whatever a malformed file breaks that load() does not check
             raise UsageError(f"file: cannot read {file!r}: {type(exc).__name__}: "
                              f"{first_line(exc)}") from exc
+        from .documents import within  # noqa: PLC0415
+
+        return within(pat, documents)
     if name is None:
         raise UsageError(f"name: give a pattern name ({', '.join(sorted(registry.REGISTRY))}) or --file")
     _check_name(name)
     registry.get(name)  # unknown names fail before the options are read
     if n is None:
         raise UsageError(f"n: --n is required (an integer [1, {MAX_N}])")
-    return registry.make(name, n, **parse_params(name, args))
+    return registry.make(name, n, documents=documents, **parse_params(name, args))
 
 
 def parse_ns(text: str) -> list[int]:
@@ -455,9 +464,10 @@ def _schedule_items(text: str) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def parse_schedule(text: str, n: int) -> list[Pattern]:
+def parse_schedule(text: str, n: int, documents: list[int] | None = None) -> list[Pattern]:
     """The layers of ``--schedule``: comma-separated ``NAME[:KEY=VALUE[:KEY=VALUE...]]``, or a
-    ``.json`` file holding a list of ``{"pattern": NAME, "params": {...}}``; each made at n.
+    ``.json`` file holding a list of ``{"pattern": NAME, "params": {...}}``; each made at n
+    (inside every document, when ``documents`` are given, as a packed training run has them).
 
     Examples
     --------
@@ -476,7 +486,8 @@ def parse_schedule(text: str, n: int) -> list[Pattern]:
         if not name:
             raise UsageError(f"schedule: layer {k + 1} has no pattern name in {shown(text)}")
         try:
-            out.append(registry.make(name, n, **params))
+            out.append(registry.make(name, n, **params) if documents is None
+                       else registry.make(name, n, documents=documents, **params))
         except ValueError as exc:
             if isinstance(exc, MemoryError):  # config.MemoryLimitError: reported as such
                 raise
@@ -499,6 +510,16 @@ def parse_documents(text: str) -> list[int]:
                              f"from 0), got {shown(text)}")
         out.append(int(part))
     return out
+
+
+def render_schedule_check(view: str, **given: Any) -> None:
+    """``patterns render --schedule``: the hops view, without the options of other views."""
+    if view != "hops":
+        raise UsageError(f"view: --schedule draws the hops view, got --view {view}")
+    extra = [f"--{key}" for key, value in given.items() if value is not None]
+    if extra:
+        raise UsageError(f"schedule: --schedule takes no {', '.join(extra)} (options of the "
+                         "matrix and image views)")
 
 
 def schedule_from_args(schedule: str | None, documents: str | None, n: int | None,
@@ -526,8 +547,9 @@ def schedule_from_args(schedule: str | None, documents: str | None, n: int | Non
                          "order, one step each, at token level")
     if n is None:
         raise UsageError(f"n: --n is required with --schedule (an integer [1, {MAX_N}])")
-    layers = parse_schedule(schedule, n)
+    docs = None if documents is None else parse_documents(documents)
+    layers = parse_schedule(schedule, n, docs)
     if p is not None and p != len(layers):
         raise UsageError(f"p: a schedule of {len(layers)} layer(s) is verified with p = "
                          f"{len(layers)}, got {p}")
-    return layers, None if documents is None else parse_documents(documents)
+    return layers, docs

@@ -48,6 +48,7 @@ from ._cliargs import (  # noqa: E402 - parse_params ... UsageError: re-exported
     Group,
     UsageError,
     int_option,
+    parse_documents,
     parse_heads,
     parse_int,
     parse_list,
@@ -55,6 +56,7 @@ from ._cliargs import (  # noqa: E402 - parse_params ... UsageError: re-exported
     parse_params,
     pattern_from_args,
     registry,
+    render_schedule_check,
     report,
     schedule_from_args,
     set_debug,
@@ -250,7 +252,8 @@ def verify_cmd(
     documents: str = typer.Option(
         None, "--documents", metavar="<str>",
         help="With --schedule: packed documents, as lengths (1024,3072) or cu_seqlens offsets "
-             "from 0 (0,1024,4096); targets stay inside a document and a leak across fails."),
+             "from 0 (0,1024,4096): every layer is made inside each document, targets stay "
+             "inside a document, and a pair across documents fails (a leak)."),
     json_out: bool = _JSON,
 ) -> None:
     """Check the paper's two criteria exactly: exit 0 when both hold, 1 when one fails.
@@ -327,7 +330,8 @@ def render_cmd(
     name: str = _NAME,
     n: int = _N,
     file: str = _FILE,
-    view: str = typer.Option("matrix", "--view", help="matrix, image, hops or scaling."),
+    view: str = typer.Option(None, "--view", help="matrix, image, hops or scaling (default: "
+                             "matrix; hops with --schedule)."),
     output: str = typer.Option(None, "--output", "-o", help="Output file: .png, .svg or .pdf."),
     position: int = _int("position", None, "Image view: the output position (default: 2/3 down, "
                          "2/3 across)", 0, flags=("--position", "-i")),
@@ -340,14 +344,25 @@ def render_cmd(
     residual: bool = typer.Option(True, "--residual/--no-residual", help="Hops view: residual stream."),
     dpi: int = _int("dpi", 100, "PNG resolution", 10, 1200),
     gallery: str = typer.Option(None, "--gallery", help="Regenerate the whole gallery into this directory."),
+    schedule: str = typer.Option(
+        None, "--schedule", metavar="<str>",
+        help="Hops view of a schedule of layers, each made at --n (as `patterns verify "
+             "--schedule`): local:window=8,local:window=8,full, or a .json file."),
+    documents: str = typer.Option(
+        None, "--documents", metavar="<str>",
+        help="Packed documents, as lengths (20,44) or cu_seqlens offsets from 0: the pattern "
+             "is made inside each (a --file is cut at them); with --schedule, every layer is "
+             "made inside each and targets stay inside a document. Boundaries are drawn."),
 ) -> None:
     """Draw a pattern and save it: PNG, SVG or PDF by the output's suffix.
 
     Pattern parameters are options of the same name (--stride 8 --c 2). Views:
-    matrix (the connectivity matrix, rows are outputs), image (one output
-    position on a height x width raster, as in the paper's Figure 3), hops (the
-    hop distance of every pair), scaling (|A_i| against n for --ns).
-    `patterns render --gallery figures/` regenerates the committed gallery.
+    matrix (the connectivity matrix, rows are outputs; the default), image (one
+    output position on a height x width raster, as in the paper's Figure 3),
+    hops (the hop distance of every pair; with --schedule, the layer after
+    which each pair is first connected, the default there), scaling (|A_i|
+    against n for --ns). `patterns render --gallery figures/` regenerates the
+    committed gallery.
     """
     from .render import (
         check_output,  # noqa: PLC0415
@@ -362,6 +377,7 @@ def render_cmd(
         for path in build_gallery(gallery, dpi=dpi):
             console.print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KB)", highlight=False)
         return
+    view = view if view is not None else ("hops" if schedule is not None else "matrix")
     if view not in _VIEWS:
         raise UsageError(f"view: unknown view {view!r}; use one of {', '.join(_VIEWS)}")
     if output is None:
@@ -374,7 +390,17 @@ def render_cmd(
 
     from .render import render_view  # noqa: PLC0415
 
-    if view == "scaling":
+    if schedule is not None:
+        from .render import schedule_figure  # noqa: PLC0415
+
+        render_schedule_check(view, position=position, height=height, width=width, heads=heads,
+                              tile=tile)
+        layers, docs = schedule_from_args(schedule, documents, n, name, file, ctx.args, None,
+                                          None, mode, None)
+        fig = schedule_figure(layers, documents=docs, residual=residual)
+    elif view == "scaling":
+        if documents is not None:
+            raise UsageError("documents: the scaling view sweeps n; --documents fits one n")
         if file is not None:
             raise UsageError("file: the scaling view generates the pattern at every n; give a name")
         if name is None:
@@ -391,7 +417,8 @@ def render_cmd(
             for key, val in (("height", height), ("width", width)):
                 if key in taken and val is not None:
                     args += [f"--{key}", str(val)]
-        pat = pattern_from_args(name, n, args, file)
+        docs = None if documents is None else parse_documents(documents)
+        pat = pattern_from_args(name, n, args, file, documents=docs)
         if view == "image" and position is not None:
             position = parse_int("position", position, 0, pat.n - 1)
         fig = render_view(

@@ -1,4 +1,4 @@
-"""Figures: the connectivity matrix, the image view, hop distances and scaling.
+"""Figures: the connectivity matrix, the image view, hop distances, schedules and scaling.
 
 Every ``plot_*`` function takes ``ax=None`` (a new figure when None), imports
 matplotlib inside, draws, and returns the Axes; none of them saves or prints.
@@ -26,10 +26,12 @@ from .gallery import build_gallery, paper_figure
 from .image import check_raster, plot_image_view
 from .matrix import TOKEN_LIMIT, auto_block, block_density, plot_pattern
 from .profile import plot_profile
+from .schedule import SCHEDULE_LIMIT, plot_schedule, schedule_figure, schedule_hops
 
 __all__ = [
     "plot_pattern", "plot_profile", "check_output", "plot_image_view", "plot_hops", "plot_scaling", "paper_figure",
     "build_gallery", "hop_color", "HOP_LIMIT", "block_density", "auto_block", "check_raster",
     "pattern_title", "head_color", "combo_color", "HEAD_COLORS", "OKABE_ITO", "BACKGROUND",
     "QUERY_COLOR", "TOKEN_LIMIT", "save_figure", "FORMATS", "render_view", "VIEWS",
+    "plot_schedule", "schedule_hops", "schedule_figure", "SCHEDULE_LIMIT",
 ]

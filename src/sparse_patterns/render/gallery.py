@@ -2,8 +2,10 @@
 
 It holds the paper's Figure 3 (full, strided and fixed at n = 36 on a 6 x 6
 raster: connectivity matrices above, one output position on the image below),
-the connectivity matrix of every registered pattern, the hop distances of
-strided and of a local window, and the scaling of ``|A_i|`` with n.
+the connectivity matrix of every registered pattern, strided inside three
+packed documents (their boundaries drawn), the hop distances of strided and of
+a local window, the reachability by layer of a local/local/full schedule inside
+two documents, and the scaling of ``|A_i|`` with n.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from ._save import save_figure
 from ._style import pattern_title
 from .figure import default_position
 
-__all__ = ["build_gallery", "GALLERY_PATTERNS", "paper_figure"]
+__all__ = ["build_gallery", "GALLERY_PATTERNS", "GALLERY_DOCUMENTS", "paper_figure"]
 
 #: The pattern each registered family is drawn with in the gallery (n = 64).
 GALLERY_PATTERNS: dict[str, dict[str, Any]] = {
@@ -125,6 +127,32 @@ def _overview() -> Any:
     return fig
 
 
+#: Packed documents of the gallery's document figures (n = 64).
+GALLERY_DOCUMENTS = {"strided": (16, 28, 20), "schedule": (24, 40)}
+
+
+def _documents_strided() -> Any:
+    from .matrix import plot_pattern  # noqa: PLC0415
+
+    docs = GALLERY_DOCUMENTS["strided"]
+    pat = registry.make("strided", _GALLERY_N, stride=4, documents=docs)
+    fig, ax = _figure((5.5, 6.2))
+    plot_pattern(pat, ax=ax)
+    fig.suptitle(f"strided, l = 4, inside {len(docs)} packed documents "
+                 f"({' + '.join(map(str, docs))}), n = {_GALLERY_N}\nwindow and stride restart at "
+                 "each document start; no entry across documents", fontsize="small")
+    return fig
+
+
+def _schedule() -> Any:
+    from .schedule import schedule_figure  # noqa: PLC0415
+
+    docs = GALLERY_DOCUMENTS["schedule"]
+    local = registry.make("local", _GALLERY_N, window=8, documents=docs)
+    full = registry.make("full", _GALLERY_N, documents=docs)
+    return schedule_figure([local, local, full], documents=docs, size=(11.0, 6.0))
+
+
 def _hops(name: str, params: dict[str, Any], n: int, **kw: Any) -> Any:
     from .analysis import plot_hops  # noqa: PLC0415
 
@@ -173,6 +201,8 @@ def _plan() -> list[tuple[str, Callable[[], Any]]]:
         if name in registry.REGISTRY:
             plan.append((f"matrix_{name}.png", lambda name=name: _matrix(name)))
     plan += [
+        ("documents_strided.png", _documents_strided),
+        ("schedule_local_full.png", _schedule),
         ("hops_strided.png", lambda: _hops("strided", {"stride": 8}, _GALLERY_N)),
         ("hops_local.png", lambda: _hops("local", {"window": 8}, _GALLERY_N, p=2, mode="merged")),
         ("hops_strided_histogram.png",

@@ -4,7 +4,9 @@ Rows are outputs (queries) ``i``, columns inputs (keys) ``j``. Up to
 :data:`TOKEN_LIMIT` positions every cell is drawn in the colour of the heads that
 attend it; above that the figure shows block densities, counted by a compiled
 loop over the pattern's rows, streamed in bounded chunks, so that neither an
-``n x n`` array nor the whole CSR is ever built.
+``n x n`` array nor the whole CSR is ever built. A pattern of packed documents
+(``params["documents"]``, as ``make(..., documents=...)`` and ``within`` set it)
+is drawn with a thin line at every document start, across rows and columns.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .._validate import check_int
+from ..documents import document_offsets
 from ..pattern import Pattern
 from ._style import (
     BACKGROUND,
@@ -29,10 +32,17 @@ from ._style import (
     select_heads,
 )
 
-__all__ = ["plot_pattern", "block_density", "TOKEN_LIMIT", "auto_block"]
+__all__ = ["plot_pattern", "block_density", "TOKEN_LIMIT", "auto_block", "pattern_documents",
+           "draw_documents", "document_legend", "DOCUMENT_LINE_LIMIT", "DOCUMENT_COLOR"]
 
 #: Largest n drawn cell by cell; longer sequences are drawn as block densities.
 TOKEN_LIMIT = 2048
+#: Most document boundaries drawn; more would cover the picture (the legend says how many).
+DOCUMENT_LINE_LIMIT = 256
+#: Colour of the document boundaries.
+DOCUMENT_COLOR = "#1A1A1A"
+#: gid of the LineCollection holding the boundaries (``ax.collections``).
+DOCUMENT_GID = "document-boundaries"
 #: Entries of the rows read at once (all heads) when counting pairs per block: bounds the
 #: scratch memory (the rows' CSR, about 5 bytes an entry) whatever n is.
 _CHUNK = 1 << 22
@@ -129,6 +139,90 @@ def _tile_counter() -> Any:
     return _KERNELS["count"]
 
 
+def pattern_documents(pattern: Pattern) -> np.ndarray | None:
+    """The ``cu_seqlens`` offsets of a pattern's packed documents, or None.
+
+    Read from ``params["documents"]`` (lengths or offsets, as ``make(...,
+    documents=...)`` and ``within`` record them); None when the pattern has no
+    documents, a single one, or a value that is not valid documents of its n.
+
+    Examples
+    --------
+    >>> from sparse_patterns import make
+    >>> pattern_documents(make("local", 8, window=1, documents=[3, 5])).tolist()
+    [0, 3, 8]
+    >>> pattern_documents(make("local", 8, window=1)) is None
+    True
+    """
+    docs = pattern.params.get("documents")
+    if docs is None:
+        return None
+    try:
+        offs = document_offsets(docs, pattern.n)
+    except ValueError:  # a hand-made params dict: nothing to draw
+        return None
+    return offs if offs.size > 2 else None
+
+
+def draw_documents(ax: Any, offsets: Any, n: int) -> Any:
+    """Draw a thin line at every document start after the first, across rows and columns.
+
+    Lines lie between cells, at ``start - 0.5`` on both axes (data coordinates
+    of an image drawn with unit cells, as every matrix view is), in one
+    ``LineCollection`` whose gid is ``"document-boundaries"``. Nothing is drawn
+    for more than :data:`DOCUMENT_LINE_LIMIT` boundaries.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    offsets : sequence of int
+        ``cu_seqlens`` offsets ``0 = o_0 < o_1 < ... < o_D = n``.
+    n : int
+        Sequence length (the lines span ``[-0.5, n - 0.5]``).
+
+    Returns
+    -------
+    matplotlib.collections.LineCollection or None
+        The lines; None when there is no boundary or too many to draw.
+
+    Examples
+    --------
+    >>> import matplotlib
+    >>> matplotlib.use("Agg")
+    >>> import matplotlib.pyplot as plt
+    >>> _, ax = plt.subplots()
+    >>> lines = draw_documents(ax, [0, 3, 8], 8)
+    >>> [seg.tolist() for seg in lines.get_segments()]
+    [[[-0.5, 2.5], [7.5, 2.5]], [[2.5, -0.5], [2.5, 7.5]]]
+    >>> plt.close("all")
+    """
+    from matplotlib.collections import LineCollection  # noqa: PLC0415
+
+    starts = [int(s) for s in np.asarray(offsets, dtype=np.int64)[1:-1]]
+    if not starts or len(starts) > DOCUMENT_LINE_LIMIT:
+        return None
+    lo, hi = -0.5, n - 0.5
+    segs = [[(lo, s - 0.5), (hi, s - 0.5)] for s in starts]  # rows: horizontal lines
+    segs += [[(s - 0.5, lo), (s - 0.5, hi)] for s in starts]  # columns: vertical lines
+    width = 1.0 if len(starts) <= 16 else 0.5
+    lines = LineCollection(segs, colors=DOCUMENT_COLOR, linewidths=width, zorder=3,
+                           label="document boundary")
+    lines.set_gid(DOCUMENT_GID)
+    ax.add_collection(lines, autolim=False)
+    return lines
+
+
+def document_legend(offsets: Any, drawn: Any) -> Any:
+    """The legend handle of the document boundaries (a line, or a note when not drawn)."""
+    from matplotlib.lines import Line2D  # noqa: PLC0415
+
+    count = len(offsets) - 1
+    if drawn is None:
+        return Line2D([], [], color="none", label=f"{count:,} documents (boundaries not drawn)")
+    return Line2D([], [], color=DOCUMENT_COLOR, linewidth=1.0,
+                  label=f"document boundary ({count:,} documents)")
+
+
 def _token_codes(pattern: Pattern, drawn: list[int]) -> np.ndarray:
     """``uint16 (n, n)``: bit t set where head ``drawn[t]`` attends (small n only)."""
     n = pattern.n
@@ -167,6 +261,9 @@ def plot_pattern(
     given) the view shows ``block x block`` tiles instead, shaded by the
     fraction of their pairs each head sets (``0.2 + 0.8 * sqrt(fraction)`` for
     a tile with any pair), computed from the CSR without an ``n x n`` array.
+    When ``pattern.params`` holds ``documents`` (packed documents), both views
+    draw a thin line at each document start, on rows and columns
+    (:func:`draw_documents`), and the legend names them.
 
     Parameters
     ----------
@@ -208,6 +305,9 @@ def plot_pattern(
     >>> ax = plot_pattern(make("strided", 16, stride=4))
     >>> [t.get_text() for t in ax.get_legend().get_texts()]
     ['A1', 'A2', 'A1 + A2']
+    >>> ax = plot_pattern(make("strided", 16, stride=4, documents=[6, 10]))
+    >>> [t.get_text() for t in ax.get_legend().get_texts()][-1]
+    'document boundary (2 documents)'
     >>> import matplotlib.pyplot as plt; plt.close("all")
     """
     if not isinstance(pattern, Pattern):
@@ -238,6 +338,10 @@ def plot_pattern(
             entries.append(("several heads", combo_color(h for t, h in enumerate(drawn)
                                                           if dens[t].any())))
         note = f"tiles of {block} x {block}: shade = fraction of pairs set (sqrt scale)"
+    handles = legend_handles(entries)
+    offsets = pattern_documents(pattern)
+    if offsets is not None:
+        handles.append(document_legend(offsets, draw_documents(ax, offsets, n)))
     ax.set_xlim(-0.5, n - 0.5)
     ax.set_ylim(n - 0.5, -0.5)
     ax.set_xlabel("input j (key position)")
@@ -245,8 +349,8 @@ def plot_pattern(
     ax.xaxis.set_label_position("top")
     ax.xaxis.tick_top()
     ax.set_aspect("equal")
-    if legend and entries:
-        leg = ax.legend(handles=legend_handles(entries), **legend_kwargs(len(entries)))
+    if legend and handles:
+        leg = ax.legend(handles=handles, **legend_kwargs(len(handles)))
         if note is not None:
             leg.set_title(note, prop={"size": "x-small"})
     return ax
