@@ -8,11 +8,18 @@ The ``mask_mod`` is exact at every position (FlexAttention's eager path
 evaluates it everywhere; the compiled kernel only on partial blocks). For the
 registered families it is the formula each family registers beside its
 generator (``REGISTRY[name].flex``: arithmetic in the generator's parameters,
-``(q - kv) % l == 0``, ``kv // l == q // l``, ...); for any other pattern it reads a bit
-table of the partial tiles built from the pattern's rows, chunk by chunk (two
-gathers, quick to compile), or, when that table would be too big,
-binary-searches the sorted CSR row (the whole CSR, under the memory limit;
-exact, but slow to compile).
+``(q - kv) % l == 0``, ``kv // l == q // l``, ...). A family packed in
+documents (``documents=``) uses FlexAttention's document mask: an int32
+document id per token and each document's start, ``doc[q] == doc[kv]`` and the
+family's formula in positions counted from the document's start (the formula
+of the document's own length where it depends on n). An expression of such
+patterns (``a | b``, ``a & b``, ``a - b``, ``a + b``) composes its operands'
+formulas (:func:`~sparse_patterns.algebra.expression_flex`). For any other
+pattern (``within``, user layouts, ``local2d``) it reads a bit table of the
+partial tiles built from the pattern's rows, chunk by chunk (two gathers,
+quick to compile), or, when that table would be too big, binary-searches the
+sorted CSR row (the whole CSR, under the memory limit; exact, but slow to
+compile).
 """
 
 from __future__ import annotations
@@ -26,43 +33,16 @@ import scipy.sparse as sp
 from .._validate import check_choice, check_int
 from ..pattern import DENSE_LIMIT, Pattern
 from ._common import head_plan
+from ._formulas import DOCUMENT_FORMULAS_LIMIT, trusted_formula
 from ._stream import check_fits, chunk_rows, ordered_into
 
 __all__ = [
     "to_flex_block_mask", "flex_mask_mod", "from_flex_block_mask", "flex_block_tensors",
-    "MASK_IMPLS", "TILE_BITS_LIMIT",
+    "MASK_IMPLS", "TILE_BITS_LIMIT", "DOCUMENT_FORMULAS_LIMIT",
 ]
 
 #: how the mask_mod decides membership
 MASK_IMPLS = ("auto", "formula", "csr")
-
-Rule = Callable[[Any, Any], Any]  # rule(q_idx, kv_idx) -> bool tensor, one head
-
-
-# --------------------------------------------------------------- formulas
-def _trusted_formula(pattern: Pattern) -> list[Rule] | None:
-    """The family's registered formula (``REGISTRY[name].flex``), only when the
-    pattern is what its name and params generate."""
-    from ..patterns import registry  # noqa: PLC0415
-
-    spec = registry.REGISTRY.get(pattern.name)
-    if spec is None or spec.flex is None:
-        return None
-    if set(pattern.params) != {q.name for q in spec.params}:
-        return None
-    generated = pattern.rule is not None  # built by its generator
-    if not generated:
-        try:
-            again = registry.make(pattern.name, pattern.n, **dict(pattern.params))
-        except (ValueError, TypeError):
-            return None
-        if again.num_heads != pattern.num_heads or not again == pattern:
-            return None
-    try:
-        return spec.flex(pattern)
-    except (KeyError, TypeError):
-        return None
-
 
 # --------------------------------------------------------------- CSR lookup
 #: most cells (partial tiles x block^2) the bit table of the generic mask_mod may hold
@@ -223,7 +203,10 @@ def flex_mask_mod(
     impl : {"auto", "formula", "csr"}
         ``"formula"``: arithmetic in the family's parameters (registered
         families whose heads are exactly what their name and params generate;
-        local2d has none); ``"csr"``, for any pattern: a bit table of the
+        local2d has none), inside each document for a packed pattern (a
+        document-id tensor; at most :data:`DOCUMENT_FORMULAS_LIMIT` distinct
+        per-length formulas), and composed for expressions of such patterns;
+        ``"csr"``, for any pattern: a bit table of the
         partial ``block_size`` tiles built from the CSR (a binary search in the
         CSR rows when that table would pass ``TILE_BITS_LIMIT`` cells);
         ``"auto"``: formula when there is one, else csr.
@@ -244,6 +227,9 @@ def flex_mask_mod(
     >>> q, kv = torch.tensor(9), torch.arange(16)
     >>> mm(0, torch.tensor(1), q, kv).nonzero().ravel().tolist()  # head A2
     [1, 5, 9]
+    >>> mm = flex_mask_mod(make("strided", 8, stride=2, documents=[3, 5]))
+    >>> mm(0, torch.tensor(1), torch.tensor(7), torch.arange(8)).nonzero().ravel().tolist()
+    [3, 5, 7]
     """
     import torch  # noqa: PLC0415
 
@@ -252,7 +238,7 @@ def flex_mask_mod(
     mode, plan = head_plan(pattern, mode, num_heads)
     n = pattern.n
     p = pattern.num_heads
-    rules = _trusted_formula(pattern) if impl in ("auto", "formula") else None
+    rules = trusted_formula(pattern) if impl in ("auto", "formula") else None
     if impl == "formula" and rules is None:
         raise ValueError(
             f"impl: no formula for pattern {pattern.name!r} (a registered family whose heads "
