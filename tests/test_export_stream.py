@@ -301,3 +301,18 @@ def test_ordered_into_matches_a_stable_sort():
             ordered_into(sel, counts, order)
             want_c, want_o = _dense_ordered(sel)
             assert np.array_equal(counts, want_c) and np.array_equal(order, want_o)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (5, 7), (31, 33), (64, 64), (130, 65), (1, 200)])
+def test_ordering_of_a_transposed_view_equals_a_contiguous_copy(shape):
+    from sparse_patterns.export._stream import ordered_into
+
+    a = np.random.default_rng(shape[0] * 1000 + shape[1]).random(shape) < 0.3
+    got = np.empty(shape[1], np.int32), np.empty(shape[::-1], np.int32)
+    want = np.empty(shape[1], np.int32), np.empty(shape[::-1], np.int32)
+    ordered_into(a.T, *got)  # the tiled transpose
+    dense = a.T.copy()
+    ordered_into(dense, *want)
+    assert (got[0] == dense.sum(1)).all() and (got[0] == want[0]).all() and (got[1] == want[1]).all()
+    for r in range(shape[1]):  # set columns ascending, then the rest ascending
+        assert got[1][r].tolist() == [*np.flatnonzero(dense[r]), *np.flatnonzero(~dense[r])]
