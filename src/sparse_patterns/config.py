@@ -125,13 +125,20 @@ def memory_limit(nbytes: int) -> Iterator[int]:
     ...     limit
     1000
     """
-    new = _check(nbytes)
-    old = _state["memory_limit"]
-    _state["memory_limit"] = new
+    with _scoped("memory_limit", nbytes) as new:
+        yield new
+
+
+@contextmanager
+def _scoped(name: str, nbytes: int) -> Iterator[int]:
+    """Set the limit ``name`` to ``nbytes`` (checked) for a ``with`` block, then restore it."""
+    new = _check(nbytes, name)
+    old = _state[name]
+    _state[name] = new
     try:
         yield new
     finally:
-        _state["memory_limit"] = old
+        _state[name] = old
 
 
 def default_load_limit() -> int:
@@ -188,13 +195,8 @@ def load_limit(nbytes: int) -> Iterator[int]:
     ...     get_load_limit()
     4096
     """
-    new = _check(nbytes, "load_limit")
-    old = _state["load_limit"]
-    _state["load_limit"] = new
-    try:
+    with _scoped("load_limit", nbytes) as new:
         yield new
-    finally:
-        _state["load_limit"] = old
 
 
 def format_bytes(nbytes: float) -> str:
