@@ -129,3 +129,54 @@ def test_packed_layers_do_not_leak():
     layers = [sps.make("local", 64, window=4, documents=lengths), sps.make("full", 64, documents=lengths)]
     rep = sps.verify_schedule(layers, documents=lengths)
     assert rep.leak is False and rep.layers_to_connect == 2
+
+
+def _bfs_per_document(dense, lengths, **kw):
+    """Hop counts summed over documents, and the first failing pair, by brute force."""
+    from sparse_patterns.testing import bfs_hops
+
+    hops, bad, o = {}, None, 0
+    for length in lengths:
+        h, _ = bfs_hops(dense[:, o:o + length, o:o + length], **kw)
+        for k in np.unique(h[h > 0]):
+            hops[int(k)] = hops.get(int(k), 0) + int((h == k).sum())
+        if bad is None and (h < 0).any():
+            i, j = np.argwhere(h < 0)[0]
+            bad = (int(i) + o, int(j) + o)
+        o += length
+    return hops, bad
+
+
+@pytest.mark.parametrize("name, params, kw", [
+    ("strided", {"stride": 3}, {}),
+    ("fixed", {"stride": 4, "c": 1}, {}),
+    ("local", {"window": 2}, {"p": 2, "mode": "merged"}),   # fails in the longer documents
+    ("factorized", {"p": 2}, {}),
+])
+def test_verify_checks_each_document(name, params, kw):
+    lengths = [5, 1, 12, 9]
+    pat = sps.make(name, sum(lengths), documents=lengths, **params)
+    rep = sps.verify(pat, **kw)
+    dense = _oracle(pat, lengths)
+    hops, bad = _bfs_per_document(dense, lengths, **kw)
+    assert rep.hops == hops and rep.targets == sum(L * (L + 1) // 2 for L in lengths)
+    assert rep.ok == (bad is None) and rep.method.startswith("per-document")
+    if bad is not None:  # the first failing document's pair, in sequence positions
+        assert rep.counterexample is not None
+        doc = np.searchsorted(np.cumsum(lengths), rep.counterexample[0], side="right")
+        assert doc == np.searchsorted(np.cumsum(lengths), bad[0], side="right")
+        i, j = rep.counterexample
+        o = int(np.concatenate([[0], np.cumsum(lengths)])[doc])
+        from sparse_patterns.testing import bfs_hops
+
+        h, _ = bfs_hops(dense[:, o:o + lengths[doc], o:o + lengths[doc]], **kw)
+        assert h[i - o, j - o] < 0
+
+
+def test_verify_of_a_cut_layout_checks_each_document():
+    lengths = [7, 9]
+    cut = within(sps.make("strided", 16, stride=3), lengths)
+    rep = sps.verify(cut)
+    hops, bad = _bfs_per_document(_dense(cut), lengths)
+    assert rep.hops == hops and rep.ok == (bad is None)
+    assert rep.method == "per-document (generic)"

@@ -197,6 +197,9 @@ def verify(
         The heads ``A^(1) .. A^(H)``. A :class:`BlockLayout` is checked at block
         granularity (see Notes). Plain matrices make a causal pattern when no
         entry lies above the diagonal.
+        A pattern of packed documents (``params["documents"]``) is checked
+        inside each document (targets are the pairs of one document; see
+        :mod:`sparse_patterns.analysis.packed`).
         A list of Patterns is a schedule of layers: see
         :func:`~sparse_patterns.analysis.schedule.verify_schedule` (returns a
         ``ScheduleReport``).
@@ -287,6 +290,12 @@ def verify(
     method = check_choice("method", method, METHODS)
     if isinstance(pattern, BlockLayout):
         return verify_blocks(pattern, p=p, mode=mode, residual=residual)
+    if isinstance(pattern, Pattern) and "documents" in pattern.params:
+        from .packed import verify_documents  # noqa: PLC0415 - packed documents, one by one
+
+        return verify_documents(pattern, verify, p=p, mode=mode, residual=residual,
+                                progress=progress, depth=depth,
+                                explain_failure=explain_failure, method=method)
     t0 = time.perf_counter()
     pat = as_pattern(pattern)
     p, mode, residual = check_common(p, mode, residual, pat.num_heads)
