@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["freeze", "check_csr", "upper_entry", "block_counts", "expand_blocks", "union_rows"]
+__all__ = ["freeze", "check_csr", "upper_entry", "block_counts", "expand_blocks", "union_rows", "text_picture"]
 
 
 def freeze(a: np.ndarray) -> np.ndarray:
@@ -100,3 +100,30 @@ def union_rows(mats: list[sp.csr_matrix]) -> sp.csr_matrix:
     u.sum_duplicates()
     u.sort_indices()
     return u
+
+
+def text_picture(d: np.ndarray) -> str:
+    """``#`` attended, ``.`` not, for dense heads ``bool (p, n, n)``: with several heads,
+    a cell attended by exactly one shows that head's number (1-9).
+
+    Examples
+    --------
+    >>> print(text_picture(np.array([[[1, 0], [1, 1]], [[1, 0], [0, 0]]], dtype=bool)))
+    #.
+    11
+    """
+    count = d.sum(axis=0)
+    which = d.argmax(axis=0)
+    lines = []
+    for i in range(d.shape[1]):
+        row = []
+        for j in range(d.shape[2]):
+            c = count[i, j]
+            if c == 0:
+                row.append(".")
+            elif c == 1 and d.shape[0] > 1 and which[i, j] < 9:
+                row.append(str(which[i, j] + 1))
+            else:
+                row.append("#")
+        lines.append("".join(row))
+    return "\n".join(lines)

@@ -12,7 +12,6 @@ Both types are immutable and validate in their constructors (``ValueError``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
@@ -20,7 +19,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import config
-from ._csr import check_csr, freeze, union_rows, upper_entry
+from ._csr import check_csr, freeze, text_picture, union_rows, upper_entry
+from ._modes import KERNEL_MODES, MODES, Mode
 from ._rule import CHUNK_ENTRIES, PatternRule, csr_bytes
 from ._validate import check_binary
 from .layout import BlockLayout, check_block
@@ -32,31 +32,6 @@ __all__ = [
 
 #: Largest number of dense cells (heads x n x n) that ``to_dense`` will allocate.
 DENSE_LIMIT = 1 << 28
-
-
-class Mode(str, Enum):
-    """How the heads of a pattern combine (the paper uses all three).
-
-    ``INTERLEAVED``: step ``m`` of a path uses head ``m``; ``MERGED``: one
-    softmax over the union of the heads; ``MULTIHEAD``: ``p`` heads in one
-    layer, one softmax each. Analysis accepts all three; kernels and exports
-    run ``MERGED`` and ``MULTIHEAD`` (:data:`KERNEL_MODES`).
-
-    Examples
-    --------
-    >>> Mode("merged") is Mode.MERGED, Mode.MERGED == "merged"
-    (True, True)
-    """
-
-    INTERLEAVED = "interleaved"
-    MERGED = "merged"
-    MULTIHEAD = "multihead"
-
-
-#: Every mode's name, in the order analysis documents them.
-MODES: tuple[str, ...] = tuple(m.value for m in Mode)
-#: The modes a kernel or an export executes (one softmax per head, or over the union).
-KERNEL_MODES: tuple[str, ...] = (Mode.MULTIHEAD.value, Mode.MERGED.value)
 
 
 class Pattern:
@@ -580,26 +555,10 @@ class Pattern:
         """
         if self._n > max_n:
             raise ValueError(f"n: to_string draws n <= {max_n}, got n={self._n}")
+        if head is not None and not 0 <= head < self.num_heads:
+            raise ValueError(f"head: must be in [0, {self.num_heads}), got {head}")
         d = self.to_dense()
-        if head is not None:
-            if not 0 <= head < self.num_heads:
-                raise ValueError(f"head: must be in [0, {self.num_heads}), got {head}")
-            d = d[head : head + 1]
-        count = d.sum(axis=0)
-        which = d.argmax(axis=0)
-        lines = []
-        for i in range(self._n):
-            row = []
-            for j in range(self._n):
-                c = count[i, j]
-                if c == 0:
-                    row.append(".")
-                elif c == 1 and d.shape[0] > 1 and which[i, j] < 9:
-                    row.append(str(which[i, j] + 1))
-                else:
-                    row.append("#")
-            lines.append("".join(row))
-        return "\n".join(lines)
+        return text_picture(d if head is None else d[head : head + 1])
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Pattern):
