@@ -273,3 +273,18 @@ def test_strided_rows_at_large_n_follow_the_definition():
     np.testing.assert_array_equal(counts[1], i // l + 1)
     assert pat.head_nnz == (int(counts[0].sum()), int(counts[1].sum()))
     assert not pat.materialized
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(["strided", "fixed", "local", "dilated", "factorized", "longformer",
+                             "full", "global_tokens", "bigbird"]),
+       causal=st.booleans(), n=st.integers(1, 60), data=st.data())
+def test_spans_of_are_the_rows_of(name, causal, n, data):
+    params = {"strided": {"stride": 3}, "fixed": {"stride": 4, "c": 2, "summary_heads": 2},
+              "local": {"window": 3}, "dilated": {"window": 2, "dilation": 3}, "bigbird": {"block": 4},
+              }.get(name, {})
+    pat = make(name, n, causal=causal, **params)
+    tokens = np.array(data.draw(st.lists(st.integers(0, n - 1), max_size=20)), dtype=np.int64)
+    for (ind, lo, hi), m in zip(pat.spans_of(tokens), pat.rows_of(tokens), strict=True):
+        for r in range(tokens.size):
+            assert ind[lo[r]:hi[r]].tolist() == m.indices[m.indptr[r]:m.indptr[r + 1]].tolist()

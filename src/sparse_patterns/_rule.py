@@ -48,6 +48,13 @@ class PatternRule:
         ``take(i) -> sequence of csr_matrix``: the rows ``i`` (int64 token
         indices, any order) of every head, each ``(i.size, n)``, as ``rows``
         does for a range; planners read permuted query blocks through it.
+    spans : callable, optional
+        ``spans(i) -> sequence of (ind, starts, ends)`` per head: row ``r`` of
+        the head is ``ind[starts[r]:ends[r]]`` (sorted columns), ``ind`` an
+        array shared by the rows. It costs O(len(i)), not O(entries): a
+        window is a slice of ``arange(n)``, a stride progression a slice of
+        the tokens sorted by residue, a summary head a prefix of its columns.
+        Planners count tiles from it without building rows.
 
     Examples
     --------
@@ -65,6 +72,7 @@ class PatternRule:
     counts: Callable[[], np.ndarray] | None = None
     union_counts: Callable[[], np.ndarray] | None = None
     take: Callable[[np.ndarray], Sequence[sp.csr_matrix]] | None = None
+    spans: Callable[[np.ndarray], Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]] | None = None
 
 
 #: Entries of one chunk of rows that streaming consumers read at a time (about 40 MB of CSR).

@@ -322,8 +322,7 @@ class Pattern:
         [[4, 5, 6, 7, 0, 1, 2], [1, 4, 7, 2]]
         """
         i = np.asarray(i, dtype=np.int64).reshape(-1)
-        if i.size and (i.min() < 0 or i.max() >= self._n):
-            raise ValueError(f"i: token indices must lie in [0, {self._n}), got {i.min()}..{i.max()}")
+        self._check_tokens(i)
         if self._heads is None and self._rule is not None and self._rule.take is not None:
             return tuple(self._rule.take(i))
         if self._heads is not None or self._rule is None or self._rule.rows is None:
@@ -333,6 +332,30 @@ class Pattern:
         if not parts:
             return tuple(h[:0] for h in self._row_mats(0, 0))
         return tuple(sp.vstack(col, format="csr") for col in zip(*parts, strict=True))
+
+    def spans_of(self, i: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """The rows ``i`` of every head as slices: ``(ind, starts, ends)`` per head, row
+        ``r`` being ``ind[starts[r]:ends[r]]`` (sorted columns); O(len(i)) where the
+        rule shares its columns (:attr:`PatternRule.spans`), else the CSR of :meth:`rows_of`.
+
+        Examples
+        --------
+        >>> from sparse_patterns import make
+        >>> [ind[a[0]:b[0]].tolist() for ind, a, b in make("strided", 8, stride=3).spans_of([7])]
+        [[4, 5, 6, 7], [1, 4, 7]]
+        """
+        i = np.asarray(i, dtype=np.int64).reshape(-1)
+        rule = self._rule
+        if self._heads is None and rule is not None and rule.spans is not None:
+            self._check_tokens(i)
+            got = rule.spans(i)
+            if got is not None:
+                return list(got)
+        return [(m.indices, m.indptr[:-1], m.indptr[1:]) for m in self.rows_of(i)]
+
+    def _check_tokens(self, i: np.ndarray) -> None:
+        if i.size and (i.min() < 0 or i.max() >= self._n):
+            raise ValueError(f"i: token indices must lie in [0, {self._n}), got {i.min()}..{i.max()}")
 
     def chunk_rows(self, entries: int = CHUNK_ENTRIES) -> int:
         """Rows per chunk so that a chunk of every head holds about ``entries`` entries."""

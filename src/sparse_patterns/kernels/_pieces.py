@@ -45,30 +45,39 @@ class _Piece:
         self.members, self.exclusive, self.group = tuple(members), exclusive, group
         self.kind, self.qperm, self.kperm = kind, qperm, kperm
 
-    def heads(self, mats: tuple) -> tuple[tuple, tuple, np.ndarray]:
-        """``(indptrs, indices, member)`` of the heads up to the last member, for the
-        compiled loops (one index dtype, int64 row pointers)."""
+    def heads(self, spans: list) -> tuple[tuple, tuple, tuple, np.ndarray]:
+        """``(starts, ends, indices, member)`` of the heads up to the last member, for
+        the compiled loops (one index dtype, int64 row bounds), from ``(ind, starts,
+        ends)`` per head (:meth:`Pattern.spans_of`)."""
         top = max(self.members)
         first = 0 if self.exclusive else min(self.members)
-        dt = np.result_type(*(mats[h].indices.dtype for h in range(first, top + 1)))
-        ptrs = tuple(mats[h].indptr.astype(np.int64) for h in range(first, top + 1))
-        idxs = tuple(mats[h].indices.astype(dt, copy=False) for h in range(first, top + 1))
+        use = spans[first : top + 1]
+        dt = np.result_type(*(ind.dtype for ind, _, _ in use))
+        starts = tuple(np.ascontiguousarray(a, dtype=np.int64) for _, a, _ in use)
+        ends = tuple(np.ascontiguousarray(b, dtype=np.int64) for _, _, b in use)
+        idxs = tuple(ind.astype(dt, copy=False) for ind, _, _ in use)
         member = np.zeros(top + 1 - first, dtype=np.bool_)
         member[[h - first for h in self.members]] = True
-        return ptrs, idxs, member
+        return starts, ends, idxs, member
 
     def rows(self, mats: tuple) -> tuple[np.ndarray, np.ndarray]:
         """The piece's CSR ``(indptr, indices)`` from the rows of every head."""
         if len(self.members) == 1 and (not self.exclusive or self.members[0] == 0):
             m = mats[self.members[0]]
             return m.indptr.astype(np.int64), m.indices
-        return piece_rows(*self.heads(mats))
+        return piece_rows(*self.heads(_spans(mats)))
 
-    def tiles(self, mats: tuple, kpos: np.ndarray, step: int, block: int, n: int,
+    def tiles(self, spans: list, kpos: np.ndarray, step: int, block: int, n: int,
               rows_in: np.ndarray, fill: bool) -> tuple:
-        """:func:`~._tiling.chunk_tiles` of the piece on the rows ``mats`` of every head."""
-        ptrs, idxs, member = self.heads(mats)
-        return chunk_tiles(ptrs, idxs, member, self.exclusive, kpos, step, block, n, rows_in, fill)
+        """:func:`~._tiling.chunk_tiles` of the piece on the rows of every head."""
+        starts, ends, idxs, member = self.heads(spans)
+        return chunk_tiles(starts, ends, idxs, member, self.exclusive, kpos, step, block, n,
+                           rows_in, fill)
+
+
+def _spans(mats: tuple) -> list:
+    """``(indices, indptr[:-1], indptr[1:])`` of CSR rows."""
+    return [(m.indices, m.indptr[:-1], m.indptr[1:]) for m in mats]
 
 
 def residue_perm(n: int, s: int) -> np.ndarray:
@@ -140,7 +149,7 @@ def _choose(pattern: Pattern, pieces: list[_Piece], block: int) -> None:
             cands.append((("keys", u), ident, kp))
         best = None
         for kind, qp, kp in cands:
-            cost = pc.tiles(mats if qp is ident else residue[kind[1]][1], _inverse(kp),
+            cost = pc.tiles(_spans(mats if qp is ident else residue[kind[1]][1]), _inverse(kp),
                             _step(kind), block, n, _block_rows(n, block, blocks), False)[4]
             if best is None or cost < best[0]:
                 best = (cost, kind, qp, kp)
@@ -178,9 +187,9 @@ def piece_tiles(pattern: Pattern, pc: _Piece, block: int, chunk: int, pool) -> l
 
     def run(start: int) -> tuple:
         stop = min(n, start + chunk)
-        mats = pattern.rows_of(pc.qperm[start:stop])
+        spans = pattern.spans_of(pc.qperm[start:stop])
         blocks = np.arange(start // block, -(-stop // block), dtype=np.int64)
-        qcount, tj, tm, masks, area, pairs = pc.tiles(mats, kpos, step, block, n,
+        qcount, tj, tm, masks, area, pairs = pc.tiles(spans, kpos, step, block, n,
                                                       _block_rows(n, block, blocks), True)
         masks, tm = _distinct(masks, tm)
         return qcount, tj, tm, masks, area, pairs

@@ -47,17 +47,17 @@ def _lower(a, lo, hi, x):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _held_before(ptrs, idxs, h, r, flag, stamp):  # pragma: no cover - compiled
+def _held_before(starts, ends, idxs, h, r, flag, stamp):  # pragma: no cover - compiled
     """Flag (``flag[e - lo] = stamp``) the entries of head ``h``'s row ``r`` that an
     earlier head holds; return the entry range ``[fmin, fmax)`` holding the flags
     (``fmin = fmax = hi``: none). Only the entries between the first and last
     column of each earlier row are searched, a binary search each."""
     ind = idxs[h]
-    lo_e, hi_e = ptrs[h][r], ptrs[h][r + 1]
+    lo_e, hi_e = starts[h][r], ends[h][r]
     fmin, fmax = hi_e, lo_e
     for h2 in range(h):
         cat = idxs[h2]
-        a2, b2 = ptrs[h2][r], ptrs[h2][r + 1]
+        a2, b2 = starts[h2][r], ends[h2][r]
         if a2 == b2:
             continue
         s0 = _lower(ind, lo_e, hi_e, cat[a2])
@@ -75,10 +75,10 @@ def _held_before(ptrs, idxs, h, r, flag, stamp):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def piece_rows(ptrs, idxs, member):  # pragma: no cover - compiled
+def piece_rows(starts, ends, idxs, member):  # pragma: no cover - compiled
     """Rows of a merged piece: entries of the member heads that no earlier head holds.
 
-    ``ptrs`` and ``idxs`` are tuples of the heads' CSR ``indptr`` (int64) and
+    ``starts``, ``ends`` and ``idxs`` are tuples of the heads' row bounds (int64) and
     ``indices`` (sorted columns), one row per query. An entry ``j`` of a member
     head ``h`` belongs to the piece when no head ``h2 < h`` holds ``j`` in that
     row, so the pieces of one merged softmax are disjoint and cover the union.
@@ -88,15 +88,15 @@ def piece_rows(ptrs, idxs, member):  # pragma: no cover - compiled
     one copy per entry. Rows come out sorted: several members' rows are placed
     in order when their column ranges do not interleave, else merged.
     """
-    H = len(ptrs)
-    R = ptrs[0].size - 1
+    H = len(starts)
+    R = starts[0].size
     widest = 0
     total = 0
     for r in range(R):
         w = 0
         for h in range(H):
             if member[h]:
-                w += ptrs[h][r + 1] - ptrs[h][r]
+                w += ends[h][r] - starts[h][r]
         widest = max(widest, w)
         total += w
     out_ptr = np.zeros(R + 1, np.int64)
@@ -115,8 +115,8 @@ def piece_rows(ptrs, idxs, member):  # pragma: no cover - compiled
                 continue
             stamp += 1
             ind = idxs[h]
-            lo_e, hi_e = ptrs[h][r], ptrs[h][r + 1]
-            fmin, fmax = _held_before(ptrs, idxs, h, r, flag, stamp)
+            lo_e, hi_e = starts[h][r], ends[h][r]
+            fmin, fmax = _held_before(starts, ends, idxs, h, r, flag, stamp)
             seg[ns] = tk
             for e in range(lo_e, hi_e):
                 if e < fmin or e >= fmax or flag[e - lo_e] != stamp:
@@ -178,12 +178,13 @@ def _run(indices, e, end, kpos, step, block, shift):  # pragma: no cover - compi
 
 
 @numba.njit(cache=True, nogil=True)
-def chunk_tiles(ptrs, idxs, member, exclusive, kpos, step, block, n, rows_in, fill):  # pragma: no cover - compiled
+def chunk_tiles(starts, ends, idxs, member, exclusive, kpos, step, block, n, rows_in, fill):  # pragma: no cover - compiled
     """Tiles of consecutive query blocks of a piece, in the piece's order.
 
-    ``ptrs`` and ``idxs`` are tuples of the heads' CSR ``indptr`` (int64) and
-    ``indices`` (sorted columns per row), one row per query in the piece's
-    order; the piece takes the entries of the heads in ``member``, and, when
+    Row ``r`` of head ``h`` is ``idxs[h][starts[h][r]:ends[h][r]]`` (sorted
+    columns; tuples of int64 row bounds and of index arrays, one row per query
+    in the piece's order: a CSR's ``indptr[:-1]``, ``indptr[1:]`` and
+    ``indices``, or the shared slices of :meth:`Pattern.spans_of`); the piece takes the entries of the heads in ``member``, and, when
     ``exclusive``, only those no earlier head holds in that row (so the pieces
     of a merged softmax are disjoint), without building the piece's rows.
     Query block ``q`` is the rows ``q * block .. q * block + rows_in[q] - 1``;
@@ -197,18 +198,18 @@ def chunk_tiles(ptrs, idxs, member, exclusive, kpos, step, block, n, rows_in, fi
     ``fill``. Tiles come by query block, then by key block.
     """
     nb = (n + block - 1) // block
-    H = len(ptrs)
+    H = len(starts)
     shift = -1
     if block & (block - 1) == 0:
         shift = 0
         while (1 << shift) < block:
             shift += 1
     nq = rows_in.size
-    R = ptrs[0].size - 1
+    R = starts[0].size
     widest = 1
     for h in range(H):
         for r in range(R):
-            widest = max(widest, ptrs[h][r + 1] - ptrs[h][r])
+            widest = max(widest, ends[h][r] - starts[h][r])
     flag = np.zeros(widest, np.int64)
     stamp = 0
     W = (block + 63) // 64
@@ -237,7 +238,8 @@ def chunk_tiles(ptrs, idxs, member, exclusive, kpos, step, block, n, rows_in, fi
             need = 0
             for h in range(H):
                 if member[h]:
-                    need += ptrs[h][r1] - ptrs[h][r0]
+                    for r in range(r0, r1):
+                        need += ends[h][r] - starts[h][r]
             if need > run_r.size:
                 run_r = np.empty(need, np.int64)
                 run_c = np.empty(need, np.int64)
@@ -247,11 +249,11 @@ def chunk_tiles(ptrs, idxs, member, exclusive, kpos, step, block, n, rows_in, fi
                 if not member[h]:
                     continue
                 ind = idxs[h]
-                lo_e, hi_e = ptrs[h][r], ptrs[h][r + 1]
+                lo_e, hi_e = starts[h][r], ends[h][r]
                 fmin, fmax = hi_e, hi_e
                 if exclusive and h > 0:
                     stamp += 1
-                    fmin, fmax = _held_before(ptrs, idxs, h, r, flag, stamp)
+                    fmin, fmax = _held_before(starts, ends, idxs, h, r, flag, stamp)
                 e = lo_e
                 while e < hi_e:
                     if e < fmin:

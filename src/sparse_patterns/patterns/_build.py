@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -229,7 +230,51 @@ def progression_rule(
         i = np.arange(n, dtype=np.int64)
         return np.stack([np.maximum(np.broadcast_to(c, i.shape), 0) for _, c, _ in spec(i)])
 
-    return PatternRule(num_heads, lambda: rows(0, n), blocks, rows, counts, take=take)
+    sorted_by = SortedTokens(n)
+
+    def spans(i: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None:
+        out = []
+        for s, c, st in spec(i):
+            if np.ndim(st) != 0:
+                return None  # per-row steps: no shared array
+            out.append(sorted_by.progression(s, c, int(st)))
+        return out
+
+    return PatternRule(num_heads, lambda: rows(0, n), blocks, rows, counts, take=take, spans=spans)
+
+
+class SortedTokens:
+    """The tokens ``0 .. n-1`` sorted by residue mod ``s`` (one int32 array per ``s``, made
+    on first use), so that a progression of step ``s`` is a slice of one array.
+
+    Examples
+    --------
+    >>> ind, a, b = SortedTokens(10).progression(np.array([1, 2]), np.array([3, 2]), 3)
+    >>> [ind[x:y].tolist() for x, y in zip(a, b)]
+    [[1, 4, 7], [2, 5]]
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.orders: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def progression(self, start: np.ndarray, count: Any, step: int):
+        """``(ind, starts, ends)``: row r is ``start[r] + step * k``, ``k < count[r]``."""
+        start = np.asarray(start, dtype=np.int64)
+        count = np.maximum(np.broadcast_to(np.asarray(count, dtype=np.int64), start.shape), 0)
+        if step not in self.orders:
+            j = np.arange(self.n, dtype=np.int64)
+            if step == 1:
+                first = np.zeros(1, np.int64)
+                self.orders[step] = (j.astype(np.int32), first)
+            else:
+                r = j % step
+                first = np.zeros(step + 1, np.int64)
+                np.cumsum(np.bincount(r, minlength=step), out=first[1:])
+                self.orders[step] = (np.lexsort((j, r)).astype(np.int32), first)
+        ind, first = self.orders[step]
+        at = first[start % step] + start // step if step > 1 else start
+        return ind, at, at + count
 
 
 def with_union(rule: PatternRule, union_counts: Callable[[], np.ndarray]) -> PatternRule:

@@ -14,7 +14,7 @@ import numpy as np
 from .._validate import MAX_N, check_bool, check_int, check_size
 from ..pattern import Pattern, PatternRule
 from ._blocks import block_bounds, layout_of
-from ._build import prefix_csr, progression_csr, with_union
+from ._build import SortedTokens, prefix_csr, progression_csr, with_union
 from ._flex import Rule, causal_rule
 from .registry import register
 
@@ -162,6 +162,19 @@ def fixed(
     def rows(start: int, stop: int) -> list:
         return take(np.arange(start, stop, dtype=np.int64))
 
+    tokens = SortedTokens(n)
+    columns: dict[int, np.ndarray] = {}
+
+    def spans(i: np.ndarray) -> list:
+        # A1 a slice of arange(n); each summary head a prefix of its sorted columns
+        out = [tokens.progression(*a1(i), 1)]
+        for h, (lo, hi) in enumerate(ranges):
+            if h not in columns:
+                columns[h] = summary_columns(n, stride, lo, hi).astype(np.int32)
+            count = summary_counts(i, lo, hi)
+            out.append((columns[h], np.zeros_like(count), count))
+        return out
+
     def counts() -> np.ndarray:
         i = np.arange(n, dtype=np.int64)
         return np.stack([a1(i)[1], *(summary_counts(i, lo, hi) for lo, hi in ranges)])
@@ -180,6 +193,6 @@ def fixed(
         return layout_of(n, block, hs)
 
     return Pattern.from_rule(
-        with_union(PatternRule(k + 1, lambda: rows(0, n), blocks, rows, counts, take=take), union_counts),
+        with_union(PatternRule(k + 1, lambda: rows(0, n), blocks, rows, counts, take=take, spans=spans), union_counts),
         n, name="fixed", params=params, causal=causal, head_names=names,
     )
