@@ -16,7 +16,7 @@ import scipy.sparse as sp
 if TYPE_CHECKING:
     from .layout import BlockLayout
 
-__all__ = ["PatternRule", "CHUNK_ENTRIES", "csr_bytes"]
+__all__ = ["PatternRule", "CHUNK_ENTRIES", "csr_bytes", "check_csr_fits", "check_counts_fit"]
 
 
 @dataclass(frozen=True)
@@ -89,3 +89,37 @@ def csr_bytes(n_rows: int, nnz: int) -> int:
     """
     idx = 4 if max(n_rows, nnz) < 2**31 - 1 else 8
     return nnz * (idx + 1) + (n_rows + 1) * idx
+
+
+def check_csr_fits(name: str, n: int, what: str, need: int) -> None:
+    """Refuse (``MemoryLimitError``) a whole token-level CSR of ``need`` bytes above the limit."""
+    from . import config  # noqa: PLC0415
+
+    limit = config.get_memory_limit()
+    if need > limit:
+        raise config.MemoryLimitError(
+            f"{what}: the token-level CSR of {name} at n={n:,} needs "
+            f"{config.format_bytes(need)}, above the memory limit of "
+            f"{config.format_bytes(limit)} (sparse_patterns.config.set_memory_limit); "
+            "read it in row ranges (pattern.rows, pattern.iter_rows) or at the block "
+            "level (pattern.to_blocks) instead"
+        )
+
+
+def check_counts_fit(name: str, n: int, rows: int) -> None:
+    """Refuse before allocating ``rows`` int64 counts per token (and twice as many temporaries).
+
+    Per-token bookkeeping under 256 MiB (n up to millions) is always allowed:
+    the memory limit guards what grows faster than n.
+    """
+    from . import config  # noqa: PLC0415
+
+    need = 3 * 8 * rows * n  # measured: local at 2^27 peaks at 5.2 GB for 4.3 GB of counts
+    limit = max(config.get_memory_limit(), 256 << 20)
+    if need > limit:
+        raise config.MemoryLimitError(
+            f"n: |A_i| of {name} at n={n:,} ({rows} rows of counts) needs "
+            f"{config.format_bytes(need)}, above the memory limit of "
+            f"{config.format_bytes(limit)} (sparse_patterns.config.set_memory_limit); "
+            "use a smaller n"
+        )

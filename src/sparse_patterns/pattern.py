@@ -21,7 +21,7 @@ import scipy.sparse as sp
 from . import config
 from ._csr import check_csr, freeze, text_picture, union_rows, upper_entry
 from ._modes import KERNEL_MODES, MODES, Mode
-from ._rule import CHUNK_ENTRIES, PatternRule, csr_bytes
+from ._rule import CHUNK_ENTRIES, PatternRule, check_counts_fit, check_csr_fits, csr_bytes
 from ._validate import check_binary
 from .layout import BlockLayout, check_block
 
@@ -187,7 +187,7 @@ class Pattern:
         """
         if self._heads is None:
             if self._counts_without_csr():
-                self._check_fits("heads", sum(csr_bytes(self._n, c) for c in self.head_nnz))
+                check_csr_fits(self._name, self._n, "heads", sum(csr_bytes(self._n, c) for c in self.head_nnz))
             built = tuple(self._rule.build())
             self._heads = tuple(check_csr(h, k, self._n) for k, h in enumerate(built))
         return self._heads
@@ -197,43 +197,16 @@ class Pattern:
         """Whether the whole CSR of the heads is held (built, or given)."""
         return self._heads is not None
 
-    def _check_fits(self, what: str, need: int) -> None:
-        limit = config.get_memory_limit()
-        if need > limit:
-            raise config.MemoryLimitError(
-                f"{what}: the token-level CSR of {self._name} at n={self._n:,} needs "
-                f"{config.format_bytes(need)}, above the memory limit of "
-                f"{config.format_bytes(limit)} (sparse_patterns.config.set_memory_limit); "
-                "read it in row ranges (pattern.rows, pattern.iter_rows) or at the block "
-                "level (pattern.to_blocks) instead"
-            )
-
     def _counts_without_csr(self) -> bool:
         """Whether ``|A_i|`` can be had without building the whole CSR."""
         return self._counts is not None or self._heads is not None or (
             self._rule is not None and (self._rule.counts is not None or self._rule.rows is not None)
         )
 
-    def _check_counts_fit(self, rows: int) -> None:
-        """Refuse before allocating ``rows`` int64 counts per token (and twice as many temporaries).
-
-        Per-token bookkeeping under 256 MiB (n up to millions) is always allowed:
-        the memory limit guards what grows faster than n.
-        """
-        need = 3 * 8 * rows * self._n  # measured: local at 2^27 peaks at 5.2 GB for 4.3 GB of counts
-        limit = max(config.get_memory_limit(), 256 << 20)
-        if need > limit:
-            raise config.MemoryLimitError(
-                f"n: |A_i| of {self._name} at n={self._n:,} ({rows} rows of counts) needs "
-                f"{config.format_bytes(need)}, above the memory limit of "
-                f"{config.format_bytes(limit)} (sparse_patterns.config.set_memory_limit); "
-                "use a smaller n"
-            )
-
     def _head_counts(self) -> np.ndarray:
         """``int64 (p, n)``: ``|A_i|`` per head, from the CSR, the rule, or streamed rows."""
         if self._counts is None:
-            self._check_counts_fit(self.num_heads)
+            check_counts_fit(self._name, self._n, self.num_heads)
             if self._heads is not None:
                 counts = np.stack([np.diff(h.indptr).astype(np.int64) for h in self._heads])
             elif self._rule is not None and self._rule.counts is not None:
@@ -431,7 +404,7 @@ class Pattern:
         """The merged pattern ``S``: boolean CSR union of all heads."""
         if self._union is None:
             if self._heads is None and self._counts_without_csr():
-                self._check_fits("union", 2 * sum(csr_bytes(self._n, c) for c in self.head_nnz))
+                check_csr_fits(self._name, self._n, "union", 2 * sum(csr_bytes(self._n, c) for c in self.head_nnz))
             hs = self.heads
             u = hs[0]
             for h in hs[1:]:
@@ -466,7 +439,7 @@ class Pattern:
         numpy.ndarray
             ``int64 (p + 1, n)``: row ``m < p`` is head ``m``, the last row the union.
         """
-        self._check_counts_fit(self.num_heads + 1)
+        check_counts_fit(self._name, self._n, self.num_heads + 1)
         out = np.empty((self.num_heads + 1, self._n), dtype=np.int64)
         out[:-1] = self._head_counts()
         if self.num_heads == 1:
