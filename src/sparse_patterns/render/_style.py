@@ -16,6 +16,7 @@ import numpy as np
 from ..pattern import Pattern
 
 __all__ = [
+    "matrix_axes",
     "OKABE_ITO", "HEAD_COLORS", "BACKGROUND", "QUERY_COLOR", "UNREACHABLE_COLOR",
     "head_color", "combo_color", "pattern_title", "select_heads",
 ]
@@ -185,3 +186,14 @@ def cell_grid(ax: Any, rows: int, cols: int, limit: int = 64) -> None:
     ax.grid(which="minor", color="white", linewidth=lw)
     ax.grid(which="major", visible=False)
     ax.tick_params(which="minor", length=0)
+
+
+def matrix_axes(ax: Any, n: int) -> None:
+    """Frame an ``n x n`` connectivity picture: rows are outputs (top down), inputs on top."""
+    ax.set_xlim(-0.5, n - 0.5)
+    ax.set_ylim(n - 0.5, -0.5)
+    ax.set_aspect("equal")
+    ax.set_xlabel("input j (key position)")
+    ax.set_ylabel("output i (query position)")
+    ax.xaxis.set_label_position("top")
+    ax.xaxis.tick_top()

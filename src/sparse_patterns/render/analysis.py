@@ -24,6 +24,7 @@ from ._style import (
     head_color,
     legend_handles,
     legend_kwargs,
+    matrix_axes,
     new_axes,
 )
 
@@ -140,13 +141,7 @@ def _hop_matrix_axes(hops: np.ndarray, ax: Any) -> Any:
         rgb[hops == v] = _rgb(hop_color(v))
     ax.imshow(rgb, interpolation="nearest", extent=(-0.5, n - 0.5, n - 0.5, -0.5))
     cell_grid(ax, n, n)
-    ax.set_xlim(-0.5, n - 0.5)
-    ax.set_ylim(n - 0.5, -0.5)
-    ax.set_aspect("equal")
-    ax.set_xlabel("input j (key position)")
-    ax.set_ylabel("output i (query position)")
-    ax.xaxis.set_label_position("top")
-    ax.xaxis.tick_top()
+    matrix_axes(ax, n)
     order = [v for v in values if v > 0] + [v for v in values if v < 0]
     entries = [(_hop_label(v), hop_color(v)) for v in order]
     if entries:

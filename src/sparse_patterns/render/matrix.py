@@ -27,6 +27,7 @@ from ._style import (
     head_color,
     legend_handles,
     legend_kwargs,
+    matrix_axes,
     new_axes,
     paint,
     select_heads,
@@ -342,13 +343,7 @@ def plot_pattern(
     offsets = pattern_documents(pattern)
     if offsets is not None:
         handles.append(document_legend(offsets, draw_documents(ax, offsets, n)))
-    ax.set_xlim(-0.5, n - 0.5)
-    ax.set_ylim(n - 0.5, -0.5)
-    ax.set_xlabel("input j (key position)")
-    ax.set_ylabel("output i (query position)")
-    ax.xaxis.set_label_position("top")
-    ax.xaxis.tick_top()
-    ax.set_aspect("equal")
+    matrix_axes(ax, n)
     if legend and handles:
         leg = ax.legend(handles=handles, **legend_kwargs(len(handles)))
         if note is not None:

@@ -29,6 +29,7 @@ from ._style import (
     cell_grid,
     legend_handles,
     legend_kwargs,
+    matrix_axes,
     new_axes,
 )
 from .analysis import hop_color
@@ -267,13 +268,7 @@ def _matrix(hops: np.ndarray, p: int, offsets: np.ndarray | None, ax: Any) -> An
     handles = legend_handles(entries)
     if offsets is not None and offsets.size > 2:
         handles.append(document_legend(offsets, draw_documents(ax, offsets, n)))
-    ax.set_xlim(-0.5, n - 0.5)
-    ax.set_ylim(n - 0.5, -0.5)
-    ax.set_aspect("equal")
-    ax.set_xlabel("input j (key position)")
-    ax.set_ylabel("output i (query position)")
-    ax.xaxis.set_label_position("top")
-    ax.xaxis.tick_top()
+    matrix_axes(ax, n)
     if handles:
         kw = legend_kwargs(len(handles))
         kw["ncols"] = len(handles) if len(handles) <= 4 else -(-len(handles) // 2)
