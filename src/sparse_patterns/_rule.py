@@ -16,7 +16,8 @@ import scipy.sparse as sp
 if TYPE_CHECKING:
     from .layout import BlockLayout
 
-__all__ = ["PatternRule", "CHUNK_ENTRIES", "csr_bytes", "check_csr_fits", "check_counts_fit"]
+__all__ = ["PatternRule", "CHUNK_ENTRIES", "csr_bytes", "check_csr_fits", "check_counts_fit",
+           "residue_order", "csr_spans"]
 
 
 @dataclass(frozen=True)
@@ -123,3 +124,21 @@ def check_counts_fit(name: str, n: int, rows: int) -> None:
             f"{config.format_bytes(limit)} (sparse_patterns.config.set_memory_limit); "
             "use a smaller n"
         )
+
+
+def residue_order(n: int, s: int) -> np.ndarray:
+    """Tokens ``0 .. n-1`` grouped by ``i mod s``, each group increasing (int64; O(n)).
+
+    Examples
+    --------
+    >>> residue_order(7, 3).tolist()
+    [0, 3, 6, 1, 4, 2, 5]
+    """
+    grid = np.arange(s, dtype=np.int64)[:, None] + s * np.arange(-(-n // s), dtype=np.int64)
+    order = grid.ravel()
+    return order[order < n]
+
+
+def csr_spans(mats: Sequence[sp.csr_matrix]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """CSR rows as ``(indices, indptr[:-1], indptr[1:])``: the spans form of any rows."""
+    return [(m.indices, m.indptr[:-1], m.indptr[1:]) for m in mats]

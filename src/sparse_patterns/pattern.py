@@ -21,7 +21,14 @@ import scipy.sparse as sp
 from . import config
 from ._csr import check_csr, freeze, text_picture, union_rows, upper_entry
 from ._modes import KERNEL_MODES, MODES, Mode
-from ._rule import CHUNK_ENTRIES, PatternRule, check_counts_fit, check_csr_fits, csr_bytes
+from ._rule import (
+    CHUNK_ENTRIES,
+    PatternRule,
+    check_counts_fit,
+    check_csr_fits,
+    csr_bytes,
+    csr_spans,
+)
 from ._validate import check_binary
 from .layout import BlockLayout, check_block
 
@@ -324,7 +331,7 @@ class Pattern:
             got = rule.spans(i)
             if got is not None:
                 return list(got)
-        return [(m.indices, m.indptr[:-1], m.indptr[1:]) for m in self.rows_of(i)]
+        return csr_spans(self.rows_of(i))
 
     def _check_tokens(self, i: np.ndarray) -> None:
         if i.size and (i.min() < 0 or i.max() >= self._n):

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .._rule import csr_spans, residue_order
 from ..pattern import Pattern
 from ._tiling import chunk_tiles, gcd_of_offsets, piece_rows
 
@@ -65,7 +66,7 @@ class _Piece:
         if len(self.members) == 1 and (not self.exclusive or self.members[0] == 0):
             m = mats[self.members[0]]
             return m.indptr.astype(np.int64), m.indices
-        return piece_rows(*self.heads(_spans(mats)))
+        return piece_rows(*self.heads(csr_spans(mats)))
 
     def tiles(self, spans: list, kpos: np.ndarray, step: int, block: int, n: int,
               rows_in: np.ndarray, fill: bool) -> tuple:
@@ -75,15 +76,9 @@ class _Piece:
                            rows_in, fill)
 
 
-def _spans(mats: tuple) -> list:
-    """``(indices, indptr[:-1], indptr[1:])`` of CSR rows."""
-    return [(m.indices, m.indptr[:-1], m.indptr[1:]) for m in mats]
-
-
 def residue_perm(n: int, s: int) -> np.ndarray:
     """Positions grouped by ``i mod s`` (each group in increasing i): OpenAI's strided transpose."""
-    i = np.arange(n, dtype=np.int64)
-    return np.lexsort((i // s, i % s))
+    return residue_order(n, s)
 
 
 def _inverse(perm: np.ndarray) -> np.ndarray:
@@ -149,7 +144,7 @@ def _choose(pattern: Pattern, pieces: list[_Piece], block: int) -> None:
             cands.append((("keys", u), ident, kp))
         best = None
         for kind, qp, kp in cands:
-            cost = pc.tiles(_spans(mats if qp is ident else residue[kind[1]][1]), _inverse(kp),
+            cost = pc.tiles(csr_spans(mats if qp is ident else residue[kind[1]][1]), _inverse(kp),
                             _step(kind), block, n, _block_rows(n, block, blocks), False)[4]
             if best is None or cost < best[0]:
                 best = (cost, kind, qp, kp)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from .._rule import residue_order
 from ..pattern import BlockLayout, PatternRule
 
 __all__ = [
@@ -263,17 +264,12 @@ class SortedTokens:
         start = np.asarray(start, dtype=np.int64)
         count = np.maximum(np.broadcast_to(np.asarray(count, dtype=np.int64), start.shape), 0)
         if step not in self.orders:
-            j = np.arange(self.n, dtype=np.int64)
-            if step == 1:
-                first = np.zeros(1, np.int64)
-                self.orders[step] = (j.astype(np.int32), first)
-            else:
-                r = j % step
-                first = np.zeros(step + 1, np.int64)
-                np.cumsum(np.bincount(r, minlength=step), out=first[1:])
-                self.orders[step] = (np.lexsort((j, r)).astype(np.int32), first)
+            first = np.zeros(step + 1, np.int64)  # where each residue class starts
+            sizes = np.maximum(0, (self.n - np.arange(step, dtype=np.int64) + step - 1) // step)
+            np.cumsum(sizes, out=first[1:])
+            self.orders[step] = (residue_order(self.n, step).astype(np.int32), first)
         ind, first = self.orders[step]
-        at = first[start % step] + start // step if step > 1 else start
+        at = first[start % step] + start // step
         return ind, at, at + count
 
 
