@@ -163,7 +163,12 @@ def attention(
     ----------
     q, k, v : numpy.ndarray or torch.Tensor, shape (B, H, n, d)
         One kind and one dtype: float16, bfloat16 (torch), float32 or float64.
-        float16 and bfloat16 are computed in float32. Torch tensors must be on
+        float16 and bfloat16 are widened to float32 in one pass and computed in
+        float32 (products and softmax statistics), the output rounded to the input's
+        dtype (ties to even). Accuracy against the float64 oracle on the same input
+        values, per element: float64 exact to rounding; float32 within ~1e-6
+        relative; bfloat16 and float16 within half an ulp of their dtype (2**-8,
+        2**-11 relative) plus 1e-5 of the largest output. Torch tensors must be on
         the CPU for ``"numba"`` and ``"reference"``; gradients are not tracked
         (use :class:`sparse_patterns.torch.SparseAttention`).
     pattern : Pattern or ExecutionPlan
@@ -252,7 +257,11 @@ def attention_backward(
     Returns
     -------
     dq, dk, dv : like ``q``
-        Rows with no keys get zero gradients.
+        Rows with no keys get zero gradients. For bfloat16 and float16 inputs,
+        computed in float32 and rounded: ``dv`` as accurate as the forward's
+        output; ``dq`` and ``dk`` also carry the rounding of ``o`` (through
+        ``rowsum(do * o)``): within 8 half-ulps (2**-5 for bfloat16, 2**-8 for
+        float16) of their largest element (``tests/test_half.py``).
 
     Raises
     ------

@@ -22,6 +22,7 @@ import numpy as np
 
 from .._validate import check_int
 from ..pattern import Pattern
+from .cpu._convert import HALF_KINDS, narrow, widen
 from .planning import ExecutionPlan, cached_plan, check_mode
 
 __all__ = ["MAX_BLOCK", "resolve", "check_scale", "HostArrays", "DeviceArrays"]
@@ -151,19 +152,31 @@ class HostArrays:
                     )
             self.torch_dtype = q.dtype
             cdt = torch.float64 if self.compute is np.float64 else torch.float32
-            self.np = {name: np.ascontiguousarray(a.detach().to(cdt).numpy())
+            self.np = {name: (widen(a.detach().contiguous().view(torch.int16).numpy(),
+                                       self.dtype_name)
+                              if self.dtype_name in HALF_KINDS and name != "lse"
+                              else np.ascontiguousarray(a.detach().to(cdt).numpy()))
                        for name, a in arrays.items()}
         else:
             self.np = {
-                name: np.ascontiguousarray(np.asarray(a), dtype=self.compute)
+                name: (widen(np.ascontiguousarray(a), self.dtype_name)
+                       if self.dtype_name in HALF_KINDS and name != "lse"
+                       else np.ascontiguousarray(np.asarray(a), dtype=self.compute))
                 for name, a in arrays.items()
             }
         self.shape = shape
 
     def out(self, a: np.ndarray, *, lse: bool = False) -> Any:
         """Back to the caller's kind; outputs in the input dtype, ``lse`` in the compute dtype."""
+        half = not lse and self.dtype_name in HALF_KINDS
         if self.torch is None:
+            if half:
+                return narrow(a, self.dtype_name).view(np.float16)
             return a if lse else a.astype(self.dtype_name, copy=False)
+        if half:  # narrowed straight into the tensor's storage
+            t = self.torch.empty(a.shape, dtype=self.torch_dtype)
+            narrow(a, self.dtype_name, out=t.view(self.torch.int16).numpy())
+            return t
         t = self.torch.from_numpy(a)
         return t if lse else t.to(self.torch_dtype)
 

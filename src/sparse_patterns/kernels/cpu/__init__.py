@@ -31,6 +31,7 @@ from __future__ import annotations
 from ._backward import backward
 from ._blas import single_threaded_blas
 from ._forward import forward
+from ._peak import fma_peak
 from ._pool import release_workspace
 
-__all__ = ["forward", "backward", "release_workspace", "single_threaded_blas"]
+__all__ = ["forward", "backward", "release_workspace", "single_threaded_blas", "fma_peak"]

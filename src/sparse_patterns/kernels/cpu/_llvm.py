@@ -43,7 +43,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 __all__ = [
-    "_FM", "_LOG2E", "_AVX512", "_EXP2_POLY", "_wide", "_copy", "_copy_nt", "_zero",
+    "_FM", "_LOG2E", "_AVX512", "_AVX512_BF16", "_bf16_dot", "_EXP2_POLY", "_wide", "_copy", "_copy_nt", "_zero",
     "_bits_to_f32", "_exp2f", "_transpose16", "_exp32", "_exp_rows32", "_pv32", "_scores32",
 ]
 
@@ -147,17 +147,18 @@ def _bits_to_f32(typingctx, x):  # pragma: no cover - compiled
 
 
 # --------------------------------------------------------------------- exp2
-def _has_avx512() -> bool:
-    """Whether numba compiles for a CPU with AVX-512F (its configured features, else
-    the host's)."""
+def _has_avx512(feature: str = "avx512f") -> bool:
+    """Whether numba compiles for a CPU with ``feature`` (AVX-512F by default): its
+    configured features (``NUMBA_CPU_FEATURES``), else the host's."""
     import llvmlite.binding as llvm
     from numba.core import config
 
     features = config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
-    return "+avx512f" in features.split(",")
+    return "+" + feature in features.split(",")
 
 
 _AVX512 = _has_avx512()
+_AVX512_BF16 = _has_avx512("avx512bf16")
 # Cephes' degree-6 polynomial for 2**r on [-1/2, 1/2], highest power first
 _EXP2_POLY = (1.535336188319500e-4, 1.339887440266574e-3, 9.618437357674640e-3,
               5.550332471162809e-2, 2.402264791363012e-1, 6.931472028550421e-1, 1.0)
@@ -224,6 +225,30 @@ def _splat(builder, x, vt):
     v = builder.insert_element(ir.Constant(vt, ir.Undefined), x, ir.IntType(32)(0))
     return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), vt.count),
                                                     [0] * vt.count))
+
+
+class _BFloat(ir.types._BaseFloatType):
+    """LLVM's ``bfloat`` (llvmlite's IR builder has no such type): the operand type of
+    the AVX512_BF16 intrinsics."""
+
+    null = "0.0"
+    intrinsic_name = "bf16"
+
+    def __str__(self) -> str:
+        return "bfloat"
+
+
+_BFloat._create_instance()
+
+
+def _bf16_dot(builder, acc, a, b):
+    """``vdpbf16ps``: ``acc[i] + a[2i] b[2i] + a[2i+1] b[2i+1]`` for 16 float32 lanes
+    ``acc`` and the 32 bf16 halves of 512-bit vectors ``a`` and ``b`` (any 512-bit
+    vector type: their bits are reinterpreted). AVX512_BF16 only."""
+    bt = ir.VectorType(_BFloat(), 32)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(acc.type, [acc.type, bt, bt]),
+                                        "llvm.x86.avx512bf16.dpbf16ps.512")
+    return builder.call(fn, [acc, builder.bitcast(a, bt), builder.bitcast(b, bt)])
 
 
 def _emit_exp2(builder, x):

@@ -1,0 +1,149 @@
+"""The machine's FMA peak, measured: a register-only loop of independent vector FMAs.
+
+``% of peak`` figures divide a kernel's throughput by what the cores can do at
+most. A vendor's nominal figure (cores x FMA units x lanes x 2 x clock) is not what
+a shared, frequency-scaled cloud core delivers, and torch's ``matmul`` reaches only
+part of the peak (about 43-60 % on the CPUs measured so far), so a kernel can read
+"above 100 % of matmul". :func:`fma_peak` instead times a loop that keeps
+``_ACC`` independent accumulators in vector registers (enough to cover the FMA
+latency on two FMA ports), touches no memory, and runs it on every numba thread at
+once; it reports the best of a few short runs.
+
+* ``float32``: ``vfmadd`` on 512-bit vectors where the CPU has AVX-512F, else
+  256-bit: 2 FLOPs per lane.
+* ``bfloat16``: ``vdpbf16ps`` (AVX512_BF16): 32 bf16 products summed pairwise into 16
+  float32 lanes, 64 FLOPs per instruction. A CPU without AVX512_BF16 has no bf16
+  arithmetic: its bf16 inputs are widened and computed in float32, so its bfloat16
+  peak *is* the float32 one, and that is what is reported. Measured on a 2-core
+  Intel Xeon (Emerald Rapids, 2026-11-23): 176 and 86 GFLOP/s per core: one
+  ``vdpbf16ps`` every 2 cycles against two FMAs a cycle, so there bf16 products are
+  no faster per FLOP than float32 ones (the kernel widens bf16 inputs instead,
+  :mod:`._convert`).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import prange
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from ._llvm import _AVX512, _AVX512_BF16, _bf16_dot
+
+__all__ = ["fma_peak", "PEAK_DTYPES"]
+
+#: what :func:`fma_peak` measures
+PEAK_DTYPES = ("float32", "bfloat16")
+
+_LANES = 16 if _AVX512 else 8  # float32 lanes of one vector register
+_ACC = 12  # independent accumulators: latency 4 cycles x 2 FMA ports, and a margin
+
+
+@intrinsic
+def _fma_loop(typingctx, iters, x, kind):  # pragma: no cover - compiled
+    """``_ACC`` vector accumulators, each updated ``iters`` times by one FMA
+    (``kind == 0``) or one ``vdpbf16ps`` (``kind == 1``); returns a sum of lanes so
+    that nothing is dead code. ``x``: a float32 array of at least 2 vectors of
+    operands (read once, before the loop)."""
+    def codegen(context, builder, signature, args):
+        iters_, x_, kind_ = args
+        xp = context.make_array(signature.args[1])(context, builder, x_).data
+        f32 = ir.FloatType()
+        vt = ir.VectorType(f32, _LANES)
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt] * 3),
+                                             f"llvm.fma.v{_LANES}f32")
+        a = builder.load(builder.bitcast(xp, vt.as_pointer()), align=4)
+        b = builder.load(builder.bitcast(builder.gep(xp, [ir.IntType(64)(_LANES)]),
+                                         vt.as_pointer()), align=4)
+        acc = [cgutils.alloca_once(builder, vt) for _ in range(_ACC)]
+        for i, slot in enumerate(acc):
+            builder.store(ir.Constant(vt, [float(i)] * _LANES), slot)
+
+        def loop(step):
+            with cgutils.for_range(builder, iters_):
+                for slot in acc:
+                    builder.store(step(builder.load(slot)), slot)
+
+        with builder.if_else(builder.icmp_signed("==", kind_, ir.Constant(kind_.type, 0))) as (
+                plain, dot):
+            with plain:
+                loop(lambda s: builder.call(fma, [s, a, b]))
+            with dot:
+                if _AVX512_BF16:
+                    loop(lambda s: _bf16_dot(builder, s, a, b))
+        total = builder.load(acc[0])
+        for slot in acc[1:]:
+            total = builder.fadd(total, builder.load(slot))
+        out = builder.extract_element(total, ir.IntType(32)(0))
+        for i in range(1, _LANES):
+            out = builder.fadd(out, builder.extract_element(total, ir.IntType(32)(i)))
+        return out
+    return types.float32(iters, x, kind), codegen
+
+
+@numba.njit(parallel=True, cache=True)
+def _run(threads, iters, x, kind):  # pragma: no cover - compiled
+    sums = np.zeros(threads, np.float32)
+    for t in prange(threads):
+        sums[t] = _fma_loop(iters, x, kind)
+    return sums.sum()
+
+
+def _kind(dtype: str) -> int:
+    """The loop that measures ``dtype``: 1 for ``vdpbf16ps``, 0 for float32 FMAs."""
+    return 1 if dtype == "bfloat16" and _AVX512_BF16 else 0
+
+
+@functools.lru_cache(maxsize=8)
+def fma_peak(dtype: str = "float32", threads: int | None = None) -> float:
+    """The FMA peak of ``threads`` cores (default: numba's thread count), in FLOP/s.
+
+    Measured once per process and argument pair: the best of five runs of about
+    40 ms each of a register-only loop (see the module's notes). An FMA counts as
+    2 FLOPs, a ``vdpbf16ps`` as 64.
+
+    Parameters
+    ----------
+    dtype : {"float32", "bfloat16"}
+        The arithmetic: float32 FMAs, or bf16 pair products with float32
+        accumulation (the float32 peak on a CPU without AVX512_BF16).
+    threads : int, optional
+        Threads run at once, 1 to numba's thread count.
+
+    Examples
+    --------
+    >>> fma_peak("float32", threads=1) > 1e9
+    True
+    >>> fma_peak("bfloat16", threads=1) > 1e9  # half the float32 one on an Intel Xeon
+    True
+    """
+    if dtype not in PEAK_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(PEAK_DTYPES)}, got {dtype!r}")
+    most = numba.get_num_threads()
+    if threads is None:
+        threads = most
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= most:
+        raise ValueError(f"threads must be an integer from 1 to {most}, got {threads!r}")
+    kind = _kind(dtype)
+    x = np.full(2 * _LANES, 1e-8, np.float32)  # operands: tiny, no overflow
+    per_iter = _ACC * _LANES * (4 if kind else 2)  # FLOPs per loop iteration per thread
+    _run(threads, 1000, x, kind)  # compile or load, and wake the cores
+    iters = 1 << 21  # at least ~5 ms a run: a parallel launch's cost is noise next to it
+    while True:  # about 40 ms a run
+        t = time.perf_counter()
+        _run(threads, iters, x, kind)
+        took = time.perf_counter() - t
+        if took > 0.04 or iters > 1 << 30:
+            break
+        iters *= 2
+    best = took
+    for _ in range(4):
+        t = time.perf_counter()
+        _run(threads, iters, x, kind)
+        best = min(best, time.perf_counter() - t)
+    return threads * iters * per_iter / best

@@ -1,0 +1,195 @@
+"""bfloat16 and float16 inputs: the conversions, the accuracy bounds the docs state, and
+the fallback for a CPU without AVX512_BF16."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import sparse_patterns as sps  # noqa: E402
+from sparse_patterns.kernels import attention, attention_backward  # noqa: E402
+from sparse_patterns.kernels.cpu import fma_peak  # noqa: E402
+from sparse_patterns.kernels.cpu._convert import narrow, widen  # noqa: E402
+from sparse_patterns.torch import SparseAttention  # noqa: E402
+
+#: relative rounding of one output element (half an ulp), as attention's docstring states
+ROUNDING = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+KINDS = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def hostile_floats(size: int, seed: int = 0) -> np.ndarray:
+    """float32 over the whole exponent range, with zeros, infinities, ties and NaNs."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(size) * np.exp(rng.uniform(-40, 40, size))).astype(np.float32)
+    x[::97] = np.inf
+    x[1::89] = -np.inf
+    x[2::83] = 0.0
+    x[3::79] = -0.0
+    x[4::73] = np.nan
+    x[5::71] = 1.00390625  # a bf16 tie: rounds to even (1.0)
+    x[6::67] = 65520.0  # float16 overflow: rounds to inf
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("size", [1, 15, 16, 17, 100_003])
+def test_conversions_match_torch(dtype, size):
+    """Narrowing rounds as torch does (ties to even, overflow to inf), bit for bit
+    except for NaN payloads (still NaN) and bf16 subnormals (flushed, see _convert)."""
+    x = hostile_floats(size)
+    x[np.abs(x) < 2.0**-126] = 0.0  # no float32 subnormals
+    want = torch.from_numpy(x).to(dtype).view(torch.int16).numpy().view(np.uint16)
+    got = narrow(x, KINDS[dtype])
+    nan = np.isnan(x)
+    np.testing.assert_array_equal(got[~nan], want[~nan])
+    back = widen(got, KINDS[dtype])
+    assert np.isnan(back[nan]).all()
+    np.testing.assert_array_equal(back, torch.from_numpy(want.view(np.int16)).view(dtype).float())
+
+
+def test_narrow_writes_into_a_tensor_storage():
+    t = torch.empty(3, 5, dtype=torch.bfloat16)
+    x = np.arange(15, dtype=np.float32).reshape(3, 5) / 7
+    narrow(x, "bfloat16", out=t.view(torch.int16).numpy())
+    assert torch.equal(t, torch.from_numpy(x).to(torch.bfloat16))
+
+
+def dense_attention(q, k, v, pattern, mode):
+    """float64 softmax attention through a dense boolean mask (torch autograd: gradients)."""
+    heads = [pattern.union()] if mode == "merged" else list(pattern.heads)
+    outs = []
+    for h in range(q.shape[1]):
+        allowed = torch.from_numpy(heads[h % len(heads)].toarray().astype(bool))
+        s = (q[:, h] @ k[:, h].transpose(-1, -2)) / q.shape[-1] ** 0.5
+        p = torch.softmax(s.masked_fill(~allowed, -torch.inf), -1)
+        p = torch.where(allowed.any(-1, keepdim=True), p, 0.0)  # a row with no key: 0
+        outs.append(p @ v[:, h])
+    return torch.stack(outs, 1)
+
+
+CASES = [("strided", {"stride": 8}), ("fixed", {"stride": 8, "c": 2}),
+         ("local", {"window": 12}), ("bigbird", {"block": 8, "random_blocks": 2})]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mode", ["multihead", "merged"])
+@pytest.mark.parametrize(("name", "params"), CASES)
+def test_forward_and_gradients_within_the_stated_bounds(dtype, mode, name, params):
+    """Against float64 autograd through dense masked attention on the same (rounded)
+    input values: each element of the output and of ``dv`` within its rounding (half an
+    ulp of its dtype) of the exact value, plus 1e-5 of the largest (float32
+    arithmetic); ``dq`` and ``dk`` also carry the output's rounding, through
+    ``rowsum(dO * O)``: within 4 ulps at 1 of their largest element."""
+    pat = sps.make(name, 96, **params)
+    g = torch.Generator().manual_seed(3)
+    q, k, v, do = (torch.randn(2, 3, 96, 32, generator=g).to(dtype) for _ in range(4))
+    x64 = [t.double().requires_grad_() for t in (q, k, v)]
+    ref = dense_attention(*x64, pat, mode)
+    ref_grads = torch.autograd.grad(ref, x64, do.double())
+    out, lse = attention(q, k, v, pat, mode=mode, return_lse=True)
+    grads = attention_backward(q, k, v, out, lse, do, pat, mode=mode)
+    through_o = 8 * ROUNDING[dtype]
+    for got, want, floor in zip((out, *grads), (ref, *ref_grads), (1e-5, through_o, through_o, 1e-5),
+                                strict=True):
+        assert got.dtype == dtype
+        want = want.detach()
+        bound = ROUNDING[dtype] * want.abs() + floor * want.abs().max()
+        assert ((got.double() - want).abs() <= bound).all()
+
+
+def test_bf16_nan_and_inf_propagate():
+    pat = sps.make("strided", 64, stride=8)
+    q, k, v = (torch.randn(1, 2, 64, 16).to(torch.bfloat16) for _ in range(3))
+    q[0, 1, 9, 3] = float("nan")
+    v[0, 0, 40, 2] = float("inf")
+    out = SparseAttention(pat)(q, k, v)
+    assert out.dtype == torch.bfloat16
+    assert torch.isnan(out[0, 1, 9]).all()
+    # every row of head 0 that attends key 40 (pattern head 0) has a non-finite column 2
+    rows = np.flatnonzero(pat.heads[0].toarray()[:, 40])
+    assert rows.size and not torch.isfinite(out[0, 0, rows, 2]).any()
+
+
+@pytest.mark.parametrize(("grad_dtype", "match"), [
+    (torch.float32, "do: dtype float32 disagrees with q's bfloat16"),
+    (torch.float16, "do: dtype float16 disagrees with q's bfloat16"),
+])
+def test_grad_dtype_must_match(grad_dtype, match):
+    pat = sps.make("strided", 16, stride=4)
+    q = torch.randn(1, 1, 16, 8).to(torch.bfloat16)
+    out, lse = attention(q, q, q, pat, return_lse=True)
+    with pytest.raises(ValueError, match=match):
+        attention_backward(q, q, q, out, lse, out.to(grad_dtype), pat)
+
+
+@pytest.mark.parametrize(("bad", "match"), [
+    (torch.int32, "q: dtype int32 is not supported"),
+    (torch.complex64, "q: dtype complex64 is not supported"),
+])
+def test_unsupported_dtypes(bad, match):
+    pat = sps.make("strided", 16, stride=4)
+    q = torch.zeros(1, 1, 16, 8, dtype=bad)
+    with pytest.raises(ValueError, match=match):
+        attention(q, q, q, pat)
+
+
+def test_mixed_half_dtypes():
+    pat = sps.make("strided", 16, stride=4)
+    q = torch.randn(1, 1, 16, 8)
+    with pytest.raises(ValueError, match="k: dtype float16 disagrees with q's bfloat16"):
+        attention(q.to(torch.bfloat16), q.half(), q.to(torch.bfloat16), pat)
+
+
+def test_fma_peak_arguments():
+    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16"):
+        fma_peak("float64")
+    with pytest.raises(ValueError, match="threads must be an integer from 1 to"):
+        fma_peak("float32", threads=0)
+
+
+def test_bf16_peak_uses_vdpbf16ps_where_the_cpu_has_it():
+    from sparse_patterns.kernels.cpu import _llvm, _peak
+
+    assert _peak._kind("bfloat16") == int(_llvm._AVX512_BF16)
+    assert _peak._kind("float32") == 0
+
+
+def test_fallback_without_avx512_bf16(tmp_path):
+    """On a CPU without AVX512_BF16 (numba told to compile for this CPU's features
+    less that one, in a fresh numba cache): the conversions still round like torch,
+    bf16 attention is as accurate, and the bf16 peak is the float32 one."""
+    code = textwrap.dedent("""
+        import numpy as np, torch, sparse_patterns as sps
+        from sparse_patterns.kernels import attention
+        from sparse_patterns.kernels.cpu import _llvm, fma_peak
+        from sparse_patterns.kernels.cpu._convert import narrow
+        assert not _llvm._AVX512_BF16
+        x = (np.random.default_rng(0).standard_normal(1001) * 1e3).astype(np.float32)
+        x[::7] = 1.00390625
+        want = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        assert np.array_equal(narrow(x, "bfloat16"), want)
+        pat = sps.make("strided", 64, stride=8)
+        q = torch.randn(1, 2, 64, 16).to(torch.bfloat16)
+        out = attention(q, q, q, pat).double()
+        ref = attention(q.double(), q.double(), q.double(), pat)
+        assert ((out - ref).abs() <= 2.0**-8 * ref.abs() + 1e-5).all()
+        from sparse_patterns.kernels.cpu import _peak
+        assert _peak._kind("bfloat16") == 0 and fma_peak("bfloat16", 1) > 1e9
+        print("ok")
+    """)
+    import llvmlite.binding as llvm
+
+    features = llvm.get_host_cpu_features().flatten().replace("+avx512bf16", "-avx512bf16")
+    env = dict(os.environ, NUMBA_CPU_NAME=llvm.get_host_cpu_name(), NUMBA_CPU_FEATURES=features,
+               NUMBA_CACHE_DIR=str(tmp_path))
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "ok"
