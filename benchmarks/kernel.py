@@ -5,14 +5,18 @@ Usage::
     .venv/bin/python benchmarks/kernel.py            # the figures of issue 4
     .venv/bin/python benchmarks/kernel.py --cold     # also a cold compile (empty cache)
 
-B=1, H=8, d=64, float32, ``mode="merged"``. Prints: fp32 ``torch.matmul`` throughput
-and torch SDPA ``is_causal=True`` at n=16,384; strided (l=128) and fixed (l=128,
-c=16) forward times, their speed-up over SDPA and their useful-FLOP throughput as
-a share of the matmul rate (strided also with a new output array each call: the
+B=1, H=8, d=64, float32, ``mode="merged"``. Prints: the machine's fp32 and bf16 FMA
+peak (:func:`sparse_patterns.kernels.cpu.fma_peak`, a register-only loop, once per
+run), fp32 ``torch.matmul`` throughput and torch SDPA ``is_causal=True`` at
+n=16,384; strided (l=128) and fixed (l=128, c=16) forward times, their speed-up over
+SDPA, their useful-FLOP throughput as a share of the FMA peak and of the matmul
+rate, and the same forwards with bf16 inputs (strided also with a new output array each call: the
 kernel recycles the arrays of outputs its caller dropped, see
 ``sparse_patterns.kernels.cpu._pool._buffer``); the cost of going to n=65,536 with l=sqrt(n); the
 forward's peak memory at 65,536 (a subprocess sampling its resident set); the
-backward/forward ratio; and the first-call (compile or cache load) time.
+backward/forward ratios (strided, fixed, and strided with bf16 inputs); a training
+step's attention (``SparseAttention`` forward + backward on torch tensors) against
+SDPA's causal forward + backward; and the first-call (compile or cache load) time.
 
 The machine is shared and its speed drifts by up to 30% within a minute, so the
 timings are interleaved: each of ``--rounds`` rounds times every quantity once
@@ -36,11 +40,13 @@ import tempfile
 import threading
 import time
 
+import numba
 import numpy as np
 
 import sparse_patterns as sps
 from sparse_patterns.kernels import attention, attention_backward, plan
-from sparse_patterns.kernels.cpu import release_workspace
+from sparse_patterns.kernels.cpu import fma_peak, release_workspace
+from sparse_patterns.kernels.cpu._llvm import _AVX512_BF16
 
 __all__: list[str] = []
 
@@ -146,6 +152,12 @@ def main() -> None:
     if args.cold:
         print(f"cold compile (empty cache, new process, forward only): {cold_compile():.1f} s")
 
+    from sparse_patterns.torch import SparseAttention
+
+    peak_threads = numba.get_num_threads()
+    peaks = [fma_peak("float32")]  # and once per round (the best one is used)
+    peak16 = fma_peak("bfloat16")
+    peak_target = {"strided": 55, "fixed": 75}
     torch_threads = torch.get_num_threads()
     a = torch.randn(4096, 4096)
     a @ a
@@ -160,8 +172,9 @@ def main() -> None:
         attention(q, k, v, pat, mode="merged", block=args.block)
     strided = pats["strided"]
     o, lse = attention(q, k, v, strided, mode="merged", return_lse=True, block=args.block)
-    do = np.ones_like(o)
+    do = inputs(n, seed=1)[0]
     attention_backward(q, k, v, o, lse, do, strided, mode="merged", block=args.block)
+    of, lsef = attention(q, k, v, pats["fixed"], mode="merged", return_lse=True, block=args.block)
     q2, k2, v2 = inputs(n2)
     pat2 = pattern("strided", n2)
     plan(pat2, mode="merged", block=args.block)
@@ -169,8 +182,31 @@ def main() -> None:
 
     # every quantity once per round, the rounds one after another: the ratios are
     # taken within a round, so a drift of the machine's speed moves both sides
+    attn = SparseAttention(strided, mode="merged", block=args.block)
+    leaves = [z.clone().requires_grad_() for z in (tq, tk, tv)]
+    tdo = torch.from_numpy(do)
+    half = [z.to(torch.bfloat16) for z in (tq, tk, tv)]
+    o16, lse16 = attention(*half, strided, mode="merged", return_lse=True, block=args.block)
+    do16 = tdo.to(torch.bfloat16)
+
+    def train(fn) -> None:
+        """One training step's attention: forward and backward (gradients of q, k, v)."""
+        for z in leaves:
+            z.grad = None
+        fn(*leaves).backward(tdo)
+
+    train(attn)
     timed = {
         "matmul": lambda: a @ a,
+        "peak32": lambda: peaks.append(fma_peak("float32", again=True)),
+        "train": lambda: train(attn),
+        "sdpa_train": lambda: train(lambda *x: sdpa(*x, is_causal=True)),
+        "strided_bf16": lambda: attention(*half, strided, mode="merged", block=args.block),
+        "fixed_bf16": lambda: attention(*half, pats["fixed"], mode="merged", block=args.block),
+        "backward_bf16": lambda: attention_backward(*half, o16, lse16, do16, strided,
+                                                    mode="merged", block=args.block),
+        "backward_fixed": lambda: attention_backward(q, k, v, of, lsef, do, pats["fixed"],
+                                                     mode="merged", block=args.block),
         "sdpa": lambda: sdpa(tq, tk, tv, is_causal=True),
         "strided": lambda: attention(q, k, v, strided, mode="merged", block=args.block),
         # the same call with a new output array (the kernel otherwise recycles the
@@ -186,7 +222,7 @@ def main() -> None:
     rounds = {key: [] for key in timed}
     for _ in range(args.rounds):
         for key, fn in timed.items():
-            rounds[key].append(best(fn, 1 if key == "sdpa" else args.repeats))
+            rounds[key].append(best(fn, 1 if key.startswith("sdpa") else args.repeats))
     t = {key: np.array(val) for key, val in rounds.items()}
     mm = 2 * 4096**3 / t["matmul"] / 1e9  # GFLOP/s per round
 
@@ -200,6 +236,11 @@ def main() -> None:
         return f"{format(value, fmt)} ({spread(x, fmt)})"
 
     mm_best = 2 * 4096**3 / t["matmul"].min() / 1e9
+    peak32 = max(peaks)
+    print(f"measured FMA peak (register-only loop, {peak_threads} threads; best of the run's "
+          f"{len(peaks)} measurements): fp32 {peak32 / 1e9:.0f} GFLOP/s, bf16 (vdpbf16ps{'' if _AVX512_BF16 else ': absent, fp32'}) "
+          f"{peak16 / 1e9:.0f} GFLOP/s; torch fp32 matmul = {mm_best * 1e9 / peak32 * 100:.0f}% "
+          "of the fp32 peak")
     print(f"{args.rounds} rounds, each timing every quantity once (best of {args.repeats} calls; "
           "SDPA: 1). Each figure: from the best times of all rounds, then (the median and range "
           "over rounds of the same figure taken within one round)")
@@ -214,9 +255,13 @@ def main() -> None:
         print(f"{name:8s} n={n}: {fig(b * 1e3, x * 1e3, '.1f')} ms")
         print(f"    {fig(t['sdpa'].min() / b, t['sdpa'] / x, '.1f')}x SDPA (target >= {target}x)")
         print(f"    useful {fig(useful / b / 1e9, useful / x / 1e9, '.1f')} GFLOP/s = "
+              f"{useful / b / peak32 * 100:.0f}% of the fp32 FMA peak (target >= "
+              f"{peak_target[name]}%), computed {pl.ratio * useful / b / peak32 * 100:.0f}%; "
               f"{fig(useful / b / 1e9 / mm_best * 100, useful / x / 1e9 / mm * 100, '.0f')}% of "
-              f"matmul (target >= 40%); computed/useful {pl.ratio:.2f} "
-              f"[{', '.join(pl.piece_kind)}]")
+              f"matmul; computed/useful {pl.ratio:.2f} [{', '.join(pl.piece_kind)}]")
+        y = t[f"{name}_bf16"]
+        print(f"    bf16 inputs: {fig(y.min() * 1e3, y * 1e3, '.1f')} ms = "
+              f"{fig(b / y.min(), x / y, '.2f')}x faster than fp32 (target >= 1.7x)")
     x = t["strided_new_out"]
     print(f"strided  n={n}, new output array each call (recycling off): "
           f"{fig(x.min() * 1e3, x * 1e3, '.1f')} ms = "
@@ -224,7 +269,19 @@ def main() -> None:
           "of matmul")
     print(f"backward strided n={n}: {fig(t['backward'].min() * 1e3, t['backward'] * 1e3, '.0f')} ms = "
           f"{fig(t['backward'].min() / t['strided'].min(), t['backward'] / t['strided'], '.2f')}x "
-          "forward (target <= 3x)")
+          "forward (target <= 2.5x)")
+    x = t["backward_fixed"]
+    print(f"backward fixed   n={n}: {fig(x.min() * 1e3, x * 1e3, '.0f')} ms = "
+          f"{fig(x.min() / t['fixed'].min(), x / t['fixed'], '.2f')}x forward (target <= 2.5x)")
+    x = t["backward_bf16"]
+    print(f"backward strided n={n}, bf16 inputs: {fig(x.min() * 1e3, x * 1e3, '.0f')} ms = "
+          f"{fig(t['backward'].min() / x.min(), t['backward'] / x, '.2f')}x faster than fp32 "
+          "(target >= 1.5x)")
+    x, y = t["train"], t["sdpa_train"]
+    print(f"training step (SparseAttention forward + backward, strided, fp32) n={n}: "
+          f"{fig(x.min() * 1e3, x * 1e3, '.0f')} ms; SDPA causal forward + backward "
+          f"{fig(y.min() * 1e3, y * 1e3, '.0f')} ms = {fig(y.min() / x.min(), y / x, '.1f')}x "
+          "(target >= 40x)")
     print(f"strided n={n2} (l={pat2.params['stride']}): "
           f"{fig(t['strided65k'].min() * 1e3, t['strided65k'] * 1e3, '.0f')} ms = "
           f"{fig(t['strided65k'].min() / t['strided'].min(), t['strided65k'] / t['strided'], '.1f')}x "
