@@ -34,7 +34,8 @@ Examples
 Pattern(strided(stride=4, window='paper', causal=True), n=16, heads=2, causal=True)
 
 Subpackages load on first use: ``sps.analysis``, ``sps.kernels``, ``sps.export``,
-``sps.render``, ``sps.profiling``, ``sps.torch``.
+``sps.render``, ``sps.profiling``, ``sps.torch``, and ``sps.search(...)`` (a parameter
+grid verified and planned on Dask; needs the ``search`` extra).
 
 >>> sps.export.to_block_layout(pat, 4).shape
 torch.Size([2, 4, 4])
@@ -70,10 +71,14 @@ _LAZY = {
     **dict.fromkeys(("attention", "plan"), "sparse_patterns.kernels"),
     "profile": "sparse_patterns.profiling",
     **dict.fromkeys(("save", "load"), "sparse_patterns.export"),
+    # ``sps.search`` is the subpackage, itself callable (a name here would be rebound
+    # to the module by its first import)
+    "SearchResult": "sparse_patterns.search",
 }
 
 #: Subpackages, imported on first attribute access (``sps.export.save``, ``sps.render``).
-_SUBPACKAGES = ("analysis", "kernels", "export", "render", "profiling", "testing", "torch")
+_SUBPACKAGES = ("analysis", "kernels", "export", "render", "profiling", "testing", "torch",
+                "search")
 #: Modules that resolve as attributes too (``sps.config.set_memory_limit``).
 _MODULES = ("config", "layout", "pattern", "patterns", "algebra")
 

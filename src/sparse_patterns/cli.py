@@ -567,6 +567,10 @@ def _save_plot(table: Any, out: Path) -> None:
         plt.close(ax.figure)
 
 
+# `patterns search` lives in its own module, which uses this one's helpers: imported last.
+from . import _search_cli  # noqa: E402,F401
+
+
 def main() -> None:
     """Entry point of the ``patterns`` console script: errors end as one line, Ctrl-C as 130."""
     try:

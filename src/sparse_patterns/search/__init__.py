@@ -1,0 +1,549 @@
+"""Search a grid of pattern parameters on a Dask cluster: criteria, hops, FLOPs, time.
+
+:func:`search` expands families x parameter grid x sequence lengths into
+candidates and runs every candidate as one task on a ``dask.distributed``
+cluster (a :class:`~distributed.LocalCluster` over this machine's cores by
+default, or the ``Client`` / scheduler address given). A task
+(:func:`~sparse_patterns.search._tasks.run_candidate`) verifies the paper's two
+criteria exactly, with the depth to full connectivity and the largest hop
+distance, reads ``|A_i|`` against ``n^(1/p)`` and nnz, plans the kernel and
+counts its useful and computed FLOPs, and optionally times its forward on the
+worker. The rows come back as a :class:`SearchResult` (a pandas DataFrame
+underneath, with ``pareto()``, ``table()``, ``to_dict()`` and ``plot()``).
+
+Nothing is lost: with ``cache=PATH`` every row is written as its task finishes
+(Parquet or JSON lines, keyed by the candidate's recipe and the package
+version), and a search run again after Ctrl-C, a killed worker or a lost
+scheduler computes only what the file does not hold. A candidate that fails
+(an invalid parameter combination, out of memory) is a row with its error;
+the search goes on. Tasks lost with a worker (``client.restart()``, a killed
+process) are submitted again.
+
+This subpackage imports dask, distributed and pandas (the ``search`` extra);
+``import sparse_patterns`` does not. The subpackage is callable:
+``sparse_patterns.search(...)`` is :func:`search` (the package attribute names the
+subpackage as soon as anything imports it, so the module itself must search).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import numbers
+import os
+import re
+import sys
+import types
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from .. import __version__
+from .._modes import MODES
+from .._validate import MAX_N, check_bool, check_choice, check_int
+from ._cache import open_cache
+from ._result import SearchResult
+from ._tasks import MEASURES, normalize_measures, recipe_key, run_candidate
+
+__all__ = ["search", "SearchResult", "SearchInterrupted", "MEASURES", "WORKER_ENV",
+           "MAX_CANDIDATES"]
+
+#: Environment of the local cluster's worker processes: one thread each, for numba and BLAS.
+WORKER_ENV = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+              "MKL_NUM_THREADS": "1"}
+#: Largest grid :func:`search` accepts (families x values x ns x blocks).
+MAX_CANDIDATES = 100_000
+#: The scheduler of a local cluster: no dashboard, its HTTP endpoint (health checks) on a
+#: free port of 127.0.0.1, never on 8787.
+_NO_DASHBOARD = {"dashboard": False, "dashboard_address": "127.0.0.1:0"}
+_ADDRESS = re.compile(r"^(?:(?:tcp|tls|ucx|ws|wss)://)?[\w.\-\[\]:]+:\d{1,5}$")
+
+
+class SearchInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`search`: what was saved, and where (the search resumes from it)."""
+
+    def __init__(self, saved: int, total: int, cache: str | None) -> None:
+        where = (f"{saved} of {total} candidates are saved in {cache}; run again to resume"
+                 if cache else f"{saved} of {total} candidates were done; no cache was given")
+        super().__init__(f"search interrupted: {where}")
+        self.saved, self.total, self.cache = saved, total, cache
+
+
+# ----------------------------------------------------------------------------- the grid
+def _families(families: Any) -> list[str]:
+    from ..patterns import registry  # noqa: PLC0415
+
+    names = [families] if isinstance(families, str) else families
+    if not isinstance(names, Iterable):
+        raise TypeError(f"families: expected a family name or a sequence of them, got "
+                        f"{type(families).__name__}")
+    names = list(dict.fromkeys(names))
+    if not names:
+        raise ValueError(f"families: name at least one ({', '.join(sorted(registry.REGISTRY))})")
+    for name in names:
+        registry.get(name)  # ValueError listing the known names
+    return names
+
+
+def _values(key: str, value: Any) -> list[Any]:
+    if isinstance(value, (str, bytes, int, float, bool)) or value is None:
+        return [value]
+    if isinstance(value, Mapping) or not isinstance(value, Iterable):
+        raise TypeError(f"grid: {key}: expected a value or a list of values, got "
+                        f"{type(value).__name__}")
+    out = list(value)
+    if not out:
+        raise ValueError(f"grid: {key}: has no values")
+    return out
+
+
+def _check_value(fam: str, param: Any, value: Any, n: int) -> None:
+    """``TypeError`` for a value of the wrong type, ``ValueError`` for unreadable text."""
+    kind = {int: "an integer", bool: "True or False", str: "a string"}[param.type]
+    extra = " or 'sqrt'/'cbrt'" if param.follows_n else ""
+    if value is None and param.default is None:
+        return
+    if isinstance(value, str):
+        try:
+            param.convert(value, n)
+        except ValueError as exc:
+            raise ValueError(f"grid: {exc} (family {fam})") from None
+        return
+    good = {int: isinstance(value, int) and not isinstance(value, bool),
+            bool: isinstance(value, bool), str: False}[param.type]
+    if not good:
+        raise TypeError(f"grid: {param.name}: must be {kind}{extra} for {fam}, got {value!r:.40} "
+                        f"({type(value).__name__})")
+
+
+def _grid(families: list[str], grid: Any, ns: list[int]
+          ) -> tuple[dict[str, list[Any]], dict[str, dict[str, list[Any]]]]:
+    """The grid's axes as given, and per family the values of its parameters that fit it.
+
+    A name applies to every family that takes it, with the values of that
+    parameter's type (``window=4`` goes to ``local``, ``window="reference"`` to
+    ``strided``); a value that fits none of them is an error.
+    """
+    from ..patterns import registry  # noqa: PLC0415
+
+    if grid is None:
+        return {}, {f: {} for f in families}
+    if not isinstance(grid, Mapping):
+        raise TypeError(f"grid: expected a mapping of parameter name to values, got "
+                        f"{type(grid).__name__}")
+    taken = {f: {p.name: p for p in registry.get(f).params} for f in families}
+    axes: dict[str, list[Any]] = {}
+    per: dict[str, dict[str, list[Any]]] = {f: {} for f in families}
+    for key, value in grid.items():
+        if not isinstance(key, str):
+            raise TypeError(f"grid: parameter names must be strings, got {key!r:.40}")
+        users = [f for f in families if key in taken[f]]
+        if not users:
+            takes = sorted({k for f in families for k in taken[f]})
+            raise ValueError(f"grid: {key!r} is a parameter of none of {', '.join(families)}; "
+                             f"they take: {', '.join(takes) or 'no parameters'}")
+        axes[key] = _values(key, value)
+        for v in axes[key]:
+            errors: list[Exception] = []
+            for fam in users:
+                try:
+                    _check_value(fam, taken[fam][key], v, ns[0])
+                except (TypeError, ValueError) as exc:
+                    errors.append(exc)
+                else:
+                    per[fam].setdefault(key, []).append(v)
+            if len(errors) == len(users):
+                raise errors[0]
+    return axes, per
+
+
+def _ints(name: str, value: Any, lo: int, hi: int) -> list[int]:
+    vals = ([value] if isinstance(value, (numbers.Integral, str)) or not isinstance(value, Iterable)
+            else list(value))
+    if not vals:
+        raise ValueError(f"{name}: give at least one integer [{lo}, {hi}]")
+    for v in vals:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"{name}: must be an integer [{lo}, {hi}], got {v!r:.40} "
+                            f"({type(v).__name__})")
+    return list(dict.fromkeys(check_int(name, v, lo, hi) for v in vals))
+
+
+def _recipes(families: list[str], per: dict[str, dict[str, list[Any]]], ns: list[int],
+             blocks: list[int], fixed: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every candidate's recipe in grid order (families, ns, blocks, values), duplicates dropped."""
+    from ..patterns import registry  # noqa: PLC0415
+
+    out: dict[str, dict[str, Any]] = {}
+    for fam in families:
+        axes = per[fam]
+        names = list(axes)
+        order = [p.name for p in registry.get(fam).params]
+        count = len(out) + len(ns) * len(blocks) * _product_size(axes, names)
+        if count > MAX_CANDIDATES:
+            raise ValueError(f"grid: {count:,}+ candidates, more than the {MAX_CANDIDATES:,} a "
+                             "search takes; split the grid")
+        for n in ns:
+            for block in blocks:
+                for combo in itertools.product(*(axes[k] for k in names)):
+                    given = {k: v for k, v in zip(names, combo, strict=True) if v is not None}
+                    try:
+                        params = registry.resolve(fam, n, given)  # None: the default
+                    except ValueError as exc:
+                        raise ValueError(f"grid: {exc} (family {fam})") from None
+                    params = {name: params[name] for name in order}  # the family's order
+                    rec = {"family": fam, "params": params, "n": n, "block": block, **fixed}
+                    out.setdefault(recipe_key(rec, __version__), rec)
+    return list(out.values())
+
+
+def _product_size(axes: Mapping[str, list[Any]], names: Sequence[str]) -> int:
+    size = 1
+    for k in names:
+        size *= len(axes[k])
+    return size
+
+
+# ----------------------------------------------------------------------------- the cluster
+def _connect(client: Any, workers: int | None, timeout: float) -> tuple[Any, list[Any]]:
+    """``(client, what to close afterwards, in order)``: a new LocalCluster (and the
+    environment to put back after it), the given Client, or a Client of the given
+    scheduler address."""
+    from distributed import Client, LocalCluster  # noqa: PLC0415
+
+    if client is None:
+        import dask  # noqa: PLC0415
+
+        environ = _Environ()  # the nannies write their workers' variables into os.environ
+        nw = workers if workers is not None else max(1, os.cpu_count() or 1)
+        # dask sets MALLOC_TRIM_THRESHOLD_ for its workers, which turns glibc's adaptive mmap
+        # threshold off: every large temporary of the plan is then a fresh mmap, and planning
+        # runs about 2x slower. Our workers keep the allocator's defaults.
+        with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+            cluster = LocalCluster(n_workers=nw, threads_per_worker=1, processes=True,
+                                   dashboard_address=None, silence_logs=logging.ERROR,
+                                   env=WORKER_ENV, scheduler_kwargs=_NO_DASHBOARD)
+        try:
+            return Client(cluster, set_as_default=False), [cluster, environ]
+        except BaseException:
+            cluster.close()
+            environ.close()
+            raise
+    if workers is not None:
+        raise ValueError("workers: sizes the local cluster; a given client or scheduler has "
+                         "its own workers")
+    if isinstance(client, Client):
+        _has_workers(client, str(client.scheduler.address), timeout)
+        return client, []
+    if not isinstance(client, str):
+        raise TypeError(f"client: expected None, a distributed.Client or a scheduler address "
+                        f"(tcp://HOST:PORT), got {type(client).__name__}")
+    if _ADDRESS.match(client.strip()) is None:
+        raise ValueError(f"client: not a scheduler address: {client!r:.60}; expected "
+                         "tcp://HOST:PORT (the port `dask scheduler` prints, 8786 by default)")
+    try:
+        connected = Client(client.strip(), timeout=timeout, set_as_default=False)
+    except (OSError, TimeoutError) as exc:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConnectionError(f"scheduler: cannot reach {client.strip()!r} within {timeout:g} s "
+                              f"({msg})") from None
+    try:
+        _has_workers(connected, client.strip(), timeout)
+    except BaseException:
+        connected.close()
+        raise
+    return connected, []
+
+
+def _has_workers(client: Any, address: str, timeout: float) -> None:
+    """``ConnectionError`` unless the scheduler has a worker within ``timeout`` seconds."""
+    try:
+        client.wait_for_workers(1, timeout=timeout)
+    except (OSError, TimeoutError):
+        raise ConnectionError(f"scheduler: {address!r} has no workers after {timeout:g} s; start "
+                              f"some: dask worker {address}") from None
+
+
+class _Environ:
+    """``os.environ`` as it is now, put back by :meth:`close` (after the cluster closes)."""
+
+    def __init__(self) -> None:
+        self.saved = dict(os.environ)
+
+    def close(self) -> None:
+        for key in set(os.environ) - set(self.saved):
+            del os.environ[key]
+        for key, value in self.saved.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value
+
+
+def _close(client: Any, owned: list[Any], own_client: bool) -> None:
+    for thing in ([client] if own_client else []) + owned:
+        try:
+            thing.close()
+        except Exception:  # noqa: BLE001, S110 - closing what is already gone
+            pass
+
+
+def _lost_row(rec: Mapping[str, Any], measured: tuple[str, ...], why: str) -> dict[str, Any]:
+    """The row of a candidate whose task never returned (its worker died, every retry):
+    made here, without a worker, and never cached."""
+    from ._tasks import _blank  # noqa: PLC0415
+
+    row = _blank(rec, __version__, measured)
+    row.update(status="error", error=why, worker=None)
+    return row
+
+
+def _run(client: Any, todo: list[dict[str, Any]], cache: Any, measured: tuple[str, ...],
+         task_kw: dict[str, Any], retries: int, done: Callable[[dict[str, Any]], None]) -> None:
+    """Run ``todo`` on ``client``; hand each row to ``done`` (and ``cache``) as it arrives."""
+    from distributed import as_completed  # noqa: PLC0415
+
+    futures: dict[Any, tuple[dict[str, Any], str]] = {}
+    attempts: dict[str, int] = {}
+    run = uuid.uuid4().hex[:8]  # task keys of one run never meet those of another
+
+    def submit(rec: dict[str, Any]) -> Any:
+        key = recipe_key(rec, __version__)
+        k = attempts[key] = attempts.get(key, 0) + 1
+        fut = client.submit(run_candidate, rec, __version__, measured, **task_kw,
+                            key=f"search-{rec['family']}-{key[:12]}-{run}-{k}", pure=False,
+                            priority=int(rec["n"]))  # longest (largest n) first
+        futures[fut] = (rec, key)
+        return fut
+
+    ac = as_completed([submit(r) for r in todo], loop=client.loop)
+    fut = None
+    try:
+        for fut in ac:
+            rec, key = futures.pop(fut)
+            row = _outcome(fut, rec, measured)
+            if row is None:  # lost with its worker (restart, killed process): again
+                if attempts[key] <= retries:
+                    if client.status in ("closing", "closed"):
+                        raise ConnectionError("scheduler: the connection to the scheduler was "
+                                              "lost")
+                    ac.add(submit(rec))
+                    continue
+                row = _lost_row(rec, measured, f"CancelledError: lost {attempts[key]} times "
+                                "with its worker (restarted or killed)")
+            if cache is not None and row["worker"] is not None:  # computed by a worker
+                cache.add(row)
+            done(row)
+    finally:
+        if futures:
+            try:
+                client.cancel(list(futures))
+            except Exception:  # noqa: BLE001, S110 - the scheduler may be gone
+                pass
+        # a traceback keeps this frame: hold no future, so the scheduler can forget them all
+        futures.clear()
+        ac.clear()
+        fut = None  # noqa: F841
+
+
+def _outcome(fut: Any, rec: dict[str, Any], measured: tuple[str, ...]) -> dict[str, Any] | None:
+    """The row a finished future holds, an error row, or None when it was lost.
+
+    :func:`run_candidate` turns a candidate's own failure into its row, so a task that
+    raises failed around it: its worker died every time it ran it (``KilledWorker``:
+    an error row, computed again by the next search), or the workers cannot run
+    this package (not installed, another version): ``OSError``, the search stops.
+    """
+    from distributed import KilledWorker  # noqa: PLC0415
+
+    if fut.status == "finished":
+        return fut.result()
+    if fut.status == "error":
+        exc = fut.exception()
+        if isinstance(exc, KilledWorker):
+            return _lost_row(rec, measured, "KilledWorker: every worker that ran it died "
+                             "(out of memory? see the workers' logs)")
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise OSError(f"workers: cannot run a search task ({type(exc).__name__}: {msg}); "
+                      f"install sparse-patterns {__version__} with its search extra where the "
+                      "workers run")
+    return None
+
+
+# ----------------------------------------------------------------------------- search
+def search(
+    families: str | Sequence[str],
+    grid: Mapping[str, Any] | None,
+    ns: int | Iterable[int],
+    *,
+    mode: str = "interleaved",
+    measure: str | Sequence[str] = ("verify", "flops"),
+    client: Any = None,
+    cache: str | os.PathLike[str] | None = None,
+    block: int | Iterable[int] = 32,
+    batch: int = 1,
+    heads: int = 8,
+    head_dim: int = 64,
+    repeats: int = 3,
+    depth: bool | None = None,
+    workers: int | None = None,
+    timeout: float = 10.0,
+    retries: int = 3,
+    retry_errors: bool = False,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> SearchResult:
+    """Verify, plan and optionally time every candidate of a parameter grid on Dask.
+
+    Parameters
+    ----------
+    families : str or sequence of str
+        Registered family names (``patterns list``).
+    grid : mapping of str to a value or a list of values, or None
+        Parameter name -> values. A name applies to every family that takes
+        it (and must be taken by one); a family's candidates are the product
+        of its names' values. Values are Python values of the parameter's
+        type, or text as on the command line (``"sqrt"`` follows n).
+    ns : int or iterable of int
+        Sequence lengths, each in ``[1, 2**31 - 1]``.
+    mode : {"interleaved", "merged", "multihead"}
+        How the heads combine across steps in the verification; the kernel
+        runs ``merged`` for ``merged`` and ``multihead`` otherwise.
+    measure : sequence of {"verify", "flops", "time"}
+        ``verify``: the exact criteria, depth and hops; ``flops``: the plan's
+        useful and computed FLOPs; ``time``: the kernel's forward on the worker
+        (implies ``flops``). ``|A_i|`` and nnz come with either.
+    client : None, distributed.Client or str
+        None: a LocalCluster of ``workers`` processes (default: one per core),
+        one thread each, closed afterwards. A Client is used as it is; a
+        scheduler address (``tcp://HOST:8786``) is connected to within
+        ``timeout`` seconds (and must have a worker by then).
+    cache : path, optional
+        ``.parquet`` or ``.jsonl``: rows are written as tasks finish, and the
+        candidates it holds (same recipe, same package version, at least these
+        measures) are not computed again. A file of another version, or not a
+        cache, is left as it is and a new one is started beside it.
+    block : int or iterable of int
+        Tile size(s) of the kernel's plan, in ``[1, 4096]`` (a grid axis too).
+    batch, heads, head_dim : int
+        The kernel call whose FLOPs (and time) are counted: ``(batch, heads, n, head_dim)``.
+    repeats : int
+        Timed kernel calls after a warm-up (``time``), in ``[1, 1000]``.
+    depth : bool, optional
+        As :func:`~sparse_patterns.analysis.verify`: search the steps full
+        connectivity needs when a criterion fails (None: when cheap).
+    workers : int, optional
+        Processes of the local cluster (only when ``client`` is None), in ``[1, 256]``.
+    timeout : float
+        Seconds to reach a scheduler address.
+    retries : int
+        Times a task lost with its worker is submitted again, in ``[0, 100]``.
+    retry_errors : bool
+        Compute again the cached rows that hold an error.
+    seed : int
+        Seed of the kernel's random inputs (``time``).
+    progress : callable, optional
+        ``progress(done, total)`` after every finished candidate (and once at
+        the start, counting the cached ones).
+
+    Returns
+    -------
+    SearchResult
+
+    Raises
+    ------
+    ValueError
+        An unknown family, mode or measure, a grid name no family takes, a
+        value out of range, an empty list, a malformed scheduler address or
+        cache path (before any cluster starts).
+    TypeError
+        A grid value of the wrong type (a float for an integer parameter).
+    ConnectionError
+        A scheduler address not reached within ``timeout`` seconds, or lost.
+    SearchInterrupted
+        Ctrl-C (a ``KeyboardInterrupt``); what finished is in the cache.
+
+    Examples
+    --------
+    >>> import sparse_patterns.search as sps_search
+    >>> res = sps_search.search("fixed", {"stride": [8, 16], "c": 2}, 256, block=8, workers=1)
+    >>> res.frame[["stride", "c", "ok", "max_hops"]].to_numpy().tolist()
+    [[8, 2, True, 2], [16, 2, True, 2]]
+    >>> res.pareto().frame["stride"].tolist()  # the cheaper of the two
+    [16]
+    """
+    fams = _families(families)
+    ns_list = _ints("ns", ns, 1, MAX_N)
+    blocks = _ints("block", block, 1, 4096)
+    axes, per_family = _grid(fams, grid, ns_list)
+    mode = check_choice("mode", mode, MODES)
+    measured = normalize_measures(measure)
+    fixed = {"mode": mode, "batch": check_int("batch", batch, 1, 1 << 16),
+             "heads": check_int("heads", heads, 1, 1 << 16),
+             "head_dim": check_int("head_dim", head_dim, 1, 1 << 14),
+             "depth": None if depth is None else check_bool("depth", depth)}
+    task_kw = {"repeats": check_int("repeats", repeats, 1, 1000),
+               "seed": check_int("seed", seed, 0, 2**63 - 1)}
+    retries = check_int("retries", retries, 0, 100)
+    retry_errors = check_bool("retry_errors", retry_errors)
+    if workers is not None:
+        workers = check_int("workers", workers, 1, 256)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < 1e6:
+        raise ValueError(f"timeout: must be a number of seconds in (0, 1e6), got {timeout!r:.40}")
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress: expected a callable or None, got {type(progress).__name__}")
+    recipes = _recipes(fams, per_family, ns_list, blocks, fixed)
+    settings = {"families": fams, "grid": {k: list(v) for k, v in axes.items()},
+                "axes": {f: list(per_family[f]) for f in fams}, "ns": ns_list,
+                "blocks": blocks, "measure": list(measured), "version": __version__, **fixed,
+                **task_kw}
+    store = None if cache is None else open_cache(cache, __version__)
+    notes = list(store.notes) if store is not None else []
+    rows: dict[str, dict[str, Any]] = {}
+    todo = []
+    for rec in recipes:
+        key = recipe_key(rec, __version__)
+        hit = store.lookup(key, measured, retry_errors) if store is not None else None
+        if hit is not None:
+            rows[key] = hit
+        else:
+            todo.append(rec)
+    reused, total = len(rows), len(recipes)
+
+    def done(row: dict[str, Any]) -> None:
+        rows[row["key"]] = row
+        if progress is not None:
+            progress(len(rows), total)
+
+    if progress is not None:
+        progress(reused, total)
+    try:
+        if todo:
+            connected, owned = _connect(client, workers, float(timeout))
+            own_client = connected is not client
+            try:
+                _run(connected, todo, store, measured, task_kw, retries, done)
+            except ConnectionError as exc:  # the scheduler lost on the way
+                where = (f"{len(rows)} of {total} candidates are saved in {store.path}; run "
+                         "again to resume" if store is not None else "no cache was given")
+                raise ConnectionError(f"{exc}; {where}") from None
+            finally:
+                _close(connected, owned, own_client)
+    except KeyboardInterrupt:
+        raise SearchInterrupted(len(rows), total,
+                                None if store is None else str(store.path)) from None
+    finally:
+        if store is not None:
+            store.close()
+    ordered = [rows[recipe_key(rec, __version__)] for rec in recipes]
+    return SearchResult(ordered, settings=settings, notes=notes,
+                        cache=None if store is None else str(store.path),
+                        computed=total - reused, reused=reused)
+
+
+class _SearchModule(types.ModuleType):
+    """This subpackage, callable: ``sparse_patterns.search(...)`` runs :func:`search`."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> SearchResult:
+        return search(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _SearchModule
