@@ -278,3 +278,77 @@ def test_peak_memory_counts_the_kernels_output_as_new_memory():
     fn()  # its output, dropped, waits in the pool
     _, _, peak = prof._measure(fn)
     assert peak >= q.nbytes  # the 8 MiB output
+
+
+# ------------------------------------------------------------------ FMA peak, impl="flex"
+def test_fma_peak_columns_for_useful_and_computed_throughput(monkeypatch):
+    monkeypatch.setattr(prof, "_fma_peak", lambda dtype: (200.0, f"FMA peak {dtype} (patched)"))
+    t = profile(["strided"], [64], impls=("reference",), baselines=(), params={"stride": 8},
+                **FAST)
+    r = t[0]
+    assert t.fma_peak_gflops == 200.0 and "patched" in t.fma_peak_source
+    useful = r.useful_flops / r.get("reference").median_s / 1e9
+    computed = r.computed_flops / r.get("reference").median_s / 1e9
+    assert t.pct_of_peak(r, "reference") == pytest.approx(100 * useful / 200.0)
+    assert t.pct_of_peak(r, "reference", computed=True) == pytest.approx(100 * computed / 200.0)
+    run = json.loads(json.dumps(t.to_dict()))["rows"][0]["runs"]["reference"]
+    assert run["pct_fma_peak"] == pytest.approx(100 * useful / 200.0)
+    assert run["pct_fma_peak_computed"] == pytest.approx(100 * computed / 200.0)
+    assert run["pct_matmul"] == pytest.approx(100 * useful / t.matmul_gflops)
+    assert t.to_dict()["fma_peak"] == {"gflops": 200.0, "source": "FMA peak float32 (patched)"}
+    for wide, cols in ((False, ("% peak", "% matmul")),
+                       (True, ("% peak", "% peak computed", "% matmul"))):
+        names, rows = t.table(wide=wide)
+        cell = dict(zip(names, rows[0], strict=True))
+        assert all(c in names for c in cols)
+        assert cell["% peak"] == f"{100 * useful / 200.0:.0f}%"
+    assert "FMA peak float32 (patched)" in t.to_markdown()
+    assert "% peak computed" in t.to_markdown().splitlines()[0]
+
+
+def test_fma_peak_by_dtype():
+    from sparse_patterns.kernels.cpu import fma_peak
+    from sparse_patterns.profiling._machine import fma_peak_gflops
+
+    f32 = fma_peak("float32") / 1e9  # cached per process: the same measurement
+    assert fma_peak_gflops("float32")[0] == f32 and fma_peak_gflops("float16")[0] == f32
+    assert fma_peak_gflops("float64")[0] == f32 / 2
+    assert fma_peak_gflops("bfloat16")[0] == fma_peak("bfloat16") / 1e9
+
+
+def test_flex_impl_runs_its_own_plan_and_is_checked():
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    t = profile(["strided"], [64], impls=("flex", "reference"), baselines=(), dtype="float64",
+                params={"stride": 8}, **FAST)
+    r = t[0]
+    m = r.get("flex", "impl")
+    assert m.status == "ok" and m.max_err < 1e-10 and "eager" in m.note, m.note
+    want = kernels.plan(sps.make("strided", 64, stride=8), block=128, mode="merged")
+    assert m.computed_flops == want.flops(1, 2, 8)[1] != r.computed_flops
+    assert r.gflops("flex", computed=True) == pytest.approx(m.computed_flops / m.median_s / 1e9)
+
+
+def test_impl_and_baseline_of_one_name_are_told_apart():
+    from sparse_patterns.profiling import Measurement, ProfileRow
+
+    ours = Measurement("flex", "impl", "ok", times=(0.5,), first_s=3.0)
+    base = Measurement("flex", "baseline", "ok", times=(2.0,), first_s=9.0)
+    row = ProfileRow("strided", {}, 64, True, 2, 100, 0.1, 1000, 2000, 0.0, {}, (ours, base))
+    assert row.get("flex") is ours and row.get("flex", "baseline") is base
+    assert row.speedup("flex", "flex") == 4.0
+    t = ProfileTable([row], impls=("flex",), baselines=("flex",), settings={}, machine={},
+                     matmul_gflops=1.0, matmul_source="-")
+    runs = t.to_dict()["rows"][0]["runs"]
+    assert runs["flex"]["kind"] == "impl" and runs["flex (baseline)"]["kind"] == "baseline"
+    names, rows = t.table(wide=True)
+    got = dict(zip(names, rows[0], strict=True))
+    assert got["flex s"] == "2" and got["x flex"] == "4.0x" and got["median s"] == "0.5"
+
+
+def test_bad_device_and_flex_without_torch(monkeypatch):
+    with pytest.raises(ValueError, match=r"^device: .*'tpu'"):
+        profile(["strided"], [64], device="tpu", baselines=())
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.delitem(kernels.IMPLS, "flex", raising=False)
+    with pytest.raises(ValueError, match=r"^impl: 'flex' needs torch"):
+        profile(["strided"], [64], impls=("flex",), baselines=(), params={"stride": 8})

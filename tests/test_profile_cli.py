@@ -106,7 +106,7 @@ def test_default_table_fits_80_columns(baselines, columns_80):
     assert all(len(line) <= 80 for line in r.stdout.splitlines()), r.stdout
     lines = r.stdout.splitlines()
     header = next(line.split() for line in lines if line.startswith("pattern "))
-    assert header == ["pattern", "n", "impl", "ms", "GF/s", "%mm",
+    assert header == ["pattern", "n", "impl", "ms", "GF/s", "%pk", "%mm",
                       *(["xsdpa"] if baselines == "sdpa" else []), "check"]
     assert "longformer" in r.stdout and "1,000" in r.stdout and "CPU capability" in r.stdout
 
@@ -119,6 +119,6 @@ def test_wide_shows_every_column(columns_80):
     assert "…" not in r.stdout
     header = next(line.split() for line in r.stdout.splitlines() if line.startswith("pattern "))
     assert header == ["pattern", "n", "dens", "GFLOP", "c/u", "impl", "median", "min-max",
-                      "1st-med", "GF/s", "%mm", "MB", "sdpa", "xsdpa", "check"]
+                      "1st-med", "GF/s", "%pk", "%pkc", "%mm", "MB", "sdpa", "xsdpa", "check"]
     row = next(line.split() for line in r.stdout.splitlines() if line.startswith("strided"))
     assert len(row) == len(header) and row[-1] == "ok"

@@ -486,7 +486,9 @@ _WIDE_WIDTH = 1000
 def profile_cmd(
     ctx: typer.Context,
     n: str = typer.Option(None, "--n", help="Sequence lengths, comma-separated: 4096,16384."),
-    impls: str = typer.Option("numba", "--impls", help="Our implementations, comma-separated."),
+    impls: str = typer.Option(
+        "numba", "--impls", "--impl",
+        help="Our implementations, comma-separated: numba, flex, cuda, reference."),
     baselines: str = typer.Option(
         "sdpa,flex", "--baselines", help="Baselines, comma-separated: sdpa, flex (or none)."
     ),
@@ -496,20 +498,27 @@ def profile_cmd(
     dtype: str = typer.Option("float32", "--dtype", help="float32, float64, float16 or bfloat16."),
     mode: str = typer.Option("merged", "--mode", help="merged (union) or multihead."),
     repeats: int = _int("repeats", 5, "Timed calls after the warm-up", 1, 1000),
+    device: str = typer.Option(
+        "cpu", "--device",
+        help="Where the inputs live: cpu, or cuda (CUDA events, torch.cuda peak memory)."),
     plot: str = typer.Option(None, "--plot", help="Also save a log-log plot: .png, .svg or .pdf."),
     wide: bool = typer.Option(False, "--wide", help="Every column (the default fits 80 columns)."),
     markdown: bool = typer.Option(False, "--markdown", help="Print a markdown table (every column)."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON (everything)."),
 ) -> None:
-    """Time patterns in our kernel next to torch SDPA and FlexAttention (CPU).
+    """Time patterns in our kernels next to torch SDPA and FlexAttention (CPU or CUDA).
 
-    Usage: patterns profile strided fixed full --n 4096,16384 [--stride sqrt ...].
+    Usage: patterns profile strided fixed full --n 4096,16384 [--stride sqrt ...]
+    [--impl numba,flex,cuda] [--device cpu|cuda].
     Pattern names come first; pattern parameters (--stride sqrt, --c 16,
     --no-causal) apply to every named pattern that takes them. Each runner's
     output is checked against an exact oracle before it is timed; a wrong one
     is reported as WRONG and not timed (exit status 1, as when ours fails).
     Times are medians after a warm-up; "x sdpa" is SDPA's time over ours
-    (above 1: ours is faster). FlexAttention compiles for 15-70 s per shape.
+    (above 1: ours is faster); "%pk" is the useful throughput as a share of the
+    host's measured FMA peak, "%mm" of fp32 matmul. FlexAttention (the "flex"
+    baseline, natural-order BlockMask, and impl "flex", the plan's pieces)
+    compiles for 15-70 s per shape.
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
 
@@ -533,7 +542,7 @@ def profile_cmd(
         task = bar.add_task("profiling", total=None)
         table = profile(names, ns, impls=parse_list(impls), baselines=parse_list(baselines), batch=batch,
                         heads=heads, head_dim=head_dim, dtype=dtype, repeats=repeats, mode=mode,
-                        params=params, progress=lambda done, total, what: bar.update(
+                        params=params, device=device, progress=lambda done, total, what: bar.update(
                             task, completed=done, total=total, description=what))
     if out is not None:
         _save_plot(table, out)

@@ -3,6 +3,11 @@
 The module runs :func:`sparse_patterns.kernels.attention` (forward, saving the
 log-sum-exp) and :func:`sparse_patterns.kernels.attention_backward` (gradients by
 recomputation, no ``n x n`` storage) inside a ``torch.autograd.Function``.
+``impl="flex"`` bypasses that function: it runs
+:func:`sparse_patterns.kernels.flex.flex_attention_plan` (FlexAttention on each
+piece of the plan, in the piece's block-compact order, merged by log-sum-exp),
+whose every step is a torch operation, so torch autograd differentiates it
+(FlexAttention's own backward: on a GPU; on the CPU its eager operator, small n).
 
 Its backward is itself differentiable, exactly: under ``create_graph=True`` (a
 gradient penalty, a Hessian-vector product) the gradients are recomputed with
@@ -28,10 +33,20 @@ from .pattern import Pattern
 __all__ = ["SparseAttention", "sparse_attention"]
 
 
+#: Implementations differentiated by torch autograd instead of the autograd.Function.
+_AUTOGRAD_IMPLS = ("flex",)
+
+
 def _check_impl(impl: Any) -> str:
     """The name of ``impl`` if it has a forward and a backward; a one-line ``ValueError`` if not."""
     name = impl.value if isinstance(impl, Impl) else impl
+    if name == "flex":
+        from .kernels import flex  # noqa: PLC0415 - checks torch's FlexAttention
+
+        flex._api()
+        return name
     valid = [k for k in IMPLS if k in BACKWARD_IMPLS]
+    valid += [k for k in _AUTOGRAD_IMPLS if k not in valid]
     if not isinstance(name, str) or name not in valid:
         raise ValueError(
             f"impl: unknown implementation {impl!r}; valid (with a backward): {', '.join(valid)}"
@@ -150,13 +165,33 @@ class _SparseAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
+def _default_block(impl: str, block: int | None) -> int:
+    """``block``, or the default tile size of ``impl`` (FlexAttention's 128 for ``"flex"``)."""
+    if block is not None:
+        return block
+    if impl == "flex":
+        from .kernels.flex import FLEX_BLOCK  # noqa: PLC0415
+
+        return FLEX_BLOCK
+    return BLOCK
+
+
+def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, execution_plan: Any,
+          pattern: Pattern, scale: float | None) -> torch.Tensor:
+    from .kernels.flex import flex_attention_plan  # noqa: PLC0415
+
+    return flex_attention_plan(q, k, v, execution_plan, scale=scale, pattern=pattern)
+
+
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: Pattern, *,
                      mode: str = "multihead", scale: float | None = None, impl: str = "numba",
-                     block: int = BLOCK) -> torch.Tensor:
+                     block: int | None = None) -> torch.Tensor:
     """Differentiable sparse attention on ``(B, H, n, d)`` tensors.
 
     Parameters and conventions as :func:`sparse_patterns.kernels.attention`;
-    gradients flow to ``q``, ``k`` and ``v``.
+    gradients flow to ``q``, ``k`` and ``v``. ``block`` defaults to
+    :data:`~sparse_patterns.kernels.BLOCK`, or to 128 for ``impl="flex"``
+    (FlexAttention's block on a GPU, where the tile size must be a multiple of it).
 
     Examples
     --------
@@ -168,7 +203,9 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     torch.Size([1, 2, 16, 8])
     """
     impl = _check_impl(impl)
-    pl = plan(pattern, block=block, mode=mode)
+    pl = plan(pattern, block=_default_block(impl, block), mode=mode)
+    if impl in _AUTOGRAD_IMPLS:
+        return _flex(q, k, v, pl, pattern, scale)
     return _SparseAttentionFunction.apply(q, k, v, pl, pattern, scale, impl)
 
 
@@ -187,12 +224,15 @@ class SparseAttention(torch.nn.Module):
     scale : float, optional
         Score scale, ``1 / sqrt(d)`` by default.
     impl : str
-        ``"numba"`` (default) or another key of both
+        ``"numba"`` (default), ``"flex"`` (FlexAttention on the plan's pieces,
+        differentiated by torch autograd: trains on a GPU, see
+        :mod:`sparse_patterns.kernels.flex`) or another key of both
         :data:`sparse_patterns.kernels.IMPLS` and
         :data:`sparse_patterns.kernels.BACKWARD_IMPLS`; checked here, when the
         module is made.
-    block : int
-        Tile size of the plan.
+    block : int, optional
+        Tile size of the plan: :data:`~sparse_patterns.kernels.BLOCK`, or 128
+        for ``"flex"``.
 
     Raises
     ------
@@ -216,15 +256,19 @@ class SparseAttention(torch.nn.Module):
     """
 
     def __init__(self, pattern: Pattern, *, mode: str = "multihead",
-                 scale: float | None = None, impl: str = "numba", block: int = BLOCK) -> None:
+                 scale: float | None = None, impl: str = "numba",
+                 block: int | None = None) -> None:
         super().__init__()
         self.impl = _check_impl(impl)
-        self.plan = plan(pattern, block=block, mode=mode)  # checks pattern, block and mode
+        # checks pattern, block and mode
+        self.plan = plan(pattern, block=_default_block(self.impl, block), mode=mode)
         self.pattern = pattern
         self.mode = self.plan.mode
         self.scale = scale
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.impl in _AUTOGRAD_IMPLS:
+            return _flex(q, k, v, self.plan, self.pattern, self.scale)
         return _SparseAttentionFunction.apply(q, k, v, self.plan, self.pattern, self.scale,
                                               self.impl)
 

@@ -3,8 +3,10 @@
 :func:`plan` cuts a pattern into block-compact pieces; :func:`attention` runs
 them with an implementation chosen by name: ``"numba"`` (the CPU kernel of
 :mod:`sparse_patterns.kernels.cpu`), ``"reference"`` (the dense masked-softmax
-oracle, for small ``n``) or ``"cuda"`` (:mod:`sparse_patterns.kernels.cuda`,
-imported on first use). :data:`IMPLS` maps each name to its callable, so another
+oracle, for small ``n``), ``"cuda"`` (:mod:`sparse_patterns.kernels.cuda`) or
+``"flex"`` (:mod:`sparse_patterns.kernels.flex`: each piece through torch's
+FlexAttention in its block-compact order, merged by log-sum-exp), both imported on
+first use. :data:`IMPLS` maps each name to its callable, so another
 implementation can be registered (:func:`register_impl`). Each built-in entry
 runs the one input check (``kernels._inputs``: pattern, mode and block to a
 plan, the arrays, the scale) once, then hands validated arrays and the plan to
@@ -39,6 +41,7 @@ class Impl(str, Enum):
     NUMBA = "numba"
     REFERENCE = "reference"
     CUDA = "cuda"
+    FLEX = "flex"
 
 
 # ----------------------------------------------------------------------- impls
@@ -106,11 +109,24 @@ def _cuda_backward(q, k, v, o, lse, do, pattern, *, mode="multihead", scale=None
     return cuda.backward(q, k, v, o, lse, do, pl, scale=scale)
 
 
+def _flex_forward(q, k, v, pattern, **kw):
+    from . import flex  # imports torch; a one-line ValueError without FlexAttention
+
+    return flex.forward(q, k, v, pattern, **kw)
+
+
+def _flex_backward(q, k, v, o, lse, do, pattern, **kw):
+    from . import flex
+
+    return flex.backward(q, k, v, o, lse, do, pattern, **kw)
+
+
 #: Forward implementations: name -> ``fn(q, k, v, pattern, *, mode, scale, return_lse, block)``.
 IMPLS: dict[str, Callable[..., Any]] = {
     Impl.NUMBA.value: _numba_forward,
     Impl.REFERENCE.value: _reference_forward,
     Impl.CUDA.value: _cuda_forward,
+    Impl.FLEX.value: _flex_forward,
 }
 
 #: Backward implementations: name -> ``fn(q, k, v, o, lse, do, pattern, *, mode, scale, block)``.
@@ -118,6 +134,7 @@ BACKWARD_IMPLS: dict[str, Callable[..., Any]] = {
     Impl.NUMBA.value: _numba_backward,
     Impl.REFERENCE.value: _reference_backward,
     Impl.CUDA.value: _cuda_backward,
+    Impl.FLEX.value: _flex_backward,
 }
 
 
@@ -178,7 +195,8 @@ def attention(
         with its own softmax; ``merged``: every head uses the union of the heads.
     impl : str or Impl
         A key of :data:`IMPLS`: ``"numba"`` (CPU kernel), ``"reference"`` (dense
-        oracle, small ``n``), ``"cuda"``, or a registered name.
+        oracle, small ``n``), ``"cuda"``, ``"flex"`` (torch FlexAttention per
+        piece; on CUDA ``block`` must be a multiple of 128), or a registered name.
     scale : float, optional
         Score scale, ``1 / sqrt(d)`` by default.
     return_lse : bool

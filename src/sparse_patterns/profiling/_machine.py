@@ -19,10 +19,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["measure", "available_bytes", "matmul_gflops", "machine_info", "load_average"]
+__all__ = ["measure", "available_bytes", "matmul_gflops", "fma_peak_gflops", "machine_info",
+           "load_average"]
 
-#: The CPU kernel's module: its recycled arrays are freed before memory is measured.
-_CPU_MODULE = "sparse_patterns.kernels.cpu"
+#: Modules whose recycled arrays are freed (``release_workspace``) before memory is measured.
+_RECYCLING_MODULES = ("sparse_patterns.kernels.cpu", "sparse_patterns.kernels.flex")
 
 _LIBC: Any = None
 
@@ -99,7 +100,7 @@ def measure(fn: Callable[[], Any]) -> tuple[Any, float, int]:
     ``VmHWM``, reset through ``/proc/self/clear_refs`` after ``malloc_trim``;
     ``getrusage`` elsewhere) and the peak of ``tracemalloc``. The CPU kernel's
     recycled arrays are freed first, so that its output counts as new memory,
-    as every other runner's does.
+    as every other runner's does (and so are the FlexAttention path's intermediates).
 
     Examples
     --------
@@ -107,9 +108,10 @@ def measure(fn: Callable[[], Any]) -> tuple[Any, float, int]:
     >>> len(out), seconds >= 0, peak >= 0
     (1048576, True, True)
     """
-    cpu = sys.modules.get(_CPU_MODULE)
-    if cpu is not None:
-        cpu.release_workspace()
+    for name in _RECYCLING_MODULES:
+        mod = sys.modules.get(name)
+        if mod is not None:
+            mod.release_workspace()
     gc.collect()
     _malloc_trim()
     exact = _reset_hwm()
@@ -155,6 +157,32 @@ def matmul_gflops(torch: Any, n: int) -> tuple[float, str]:
         fn()
         ts.append(time.perf_counter() - t0)
     return 2.0 * n**3 / float(np.median(ts)) / 1e9, src
+
+
+def fma_peak_gflops(dtype: str) -> tuple[float | None, str]:
+    """``(GFLOP/s, what was measured)``: the host's FMA peak for inputs of ``dtype``.
+
+    :func:`sparse_patterns.kernels.cpu.fma_peak` on numba's threads: its
+    ``"bfloat16"`` figure for bfloat16, ``"float32"`` for float32 and float16
+    (computed in float32), and half the float32 figure for float64 (half the
+    lanes of a vector FMA).
+
+    Examples
+    --------
+    >>> rate, what = fma_peak_gflops("float64")
+    >>> rate > 0, what.startswith("FMA peak float64")
+    (True, True)
+    """
+    import numba  # noqa: PLC0415
+
+    from ..kernels.cpu import fma_peak  # noqa: PLC0415
+
+    kind = "bfloat16" if dtype == "bfloat16" else "float32"
+    rate = fma_peak(kind) / 1e9
+    where = f"register-only FMA loop on {numba.get_num_threads()} threads"
+    if dtype == "float64":
+        return rate / 2, f"FMA peak float64: half the float32 peak {rate:.0f} GFLOP/s ({where})"
+    return rate, f"FMA peak {kind} ({where})"
 
 
 def machine_info(torch: Any) -> dict[str, Any]:

@@ -7,7 +7,8 @@ oracle reads the checked rows, SDPA's dense mask is built row range by row
 range, and before anything is allocated the inputs are checked against the
 memory available and each baseline's estimated memory against
 :func:`sparse_patterns.config.get_memory_limit`. The machine probes live in ``_machine``, the torch
-baselines in ``_baselines``, the result types in ``_table``."""
+baselines in ``_baselines``, our runners in ``_ours``, where inputs live and how they are
+timed in ``_device``, the result types in ``_table``."""
 
 from __future__ import annotations
 
@@ -27,12 +28,14 @@ from ..pattern import DENSE_LIMIT, Pattern
 from ..patterns import registry
 from ._baselines import BASELINES, baseline_bytes, flex_runner, sdpa_runner
 from ._baselines import flex_block_mask as _flex_block_mask  # noqa: F401 - tests reach it here
-from ._machine import available_bytes, load_average, machine_info
+from ._device import DEVICES, device_for, to_numpy
+from ._machine import available_bytes, fma_peak_gflops, load_average, machine_info
 from ._machine import matmul_gflops as _matmul_gflops_n
-from ._machine import measure as _measure
+from ._machine import measure as _measure  # noqa: F401 - tests reach it here
+from ._ours import impl_runner
 from ._table import Measurement, ProfileRow, ProfileTable
 
-__all__ = ["profile", "DTYPES", "BASELINES"]
+__all__ = ["profile", "DTYPES", "BASELINES", "DEVICES"]
 
 #: Input dtypes :func:`profile` can generate (``bfloat16`` needs torch).
 DTYPES = ("float32", "float64", "float16", "bfloat16")
@@ -50,16 +53,13 @@ def _matmul_gflops(torch: Any) -> tuple[float, str]:
     return _matmul_gflops_n(torch, _MATMUL_N)
 
 
+def _fma_peak(dtype: str) -> tuple[float | None, str]:
+    """The host's FMA peak for ``dtype`` (GFLOP/s) and what was measured (a test patches it)."""
+    return fma_peak_gflops(dtype)
+
+
 # ====================================================================== inputs and the oracle
-def _to_numpy(x: Any) -> np.ndarray:
-    if isinstance(x, tuple):
-        x = x[0]
-    if hasattr(x, "detach"):
-        x = x.detach()
-        if str(x.dtype) in ("torch.bfloat16", "torch.float16"):
-            x = x.float()
-        return x.numpy()
-    return np.asarray(x)
+_to_numpy = to_numpy
 
 
 def _check_groups(pattern: Pattern, mode: str, rows: np.ndarray) -> list[sp.csr_matrix]:
@@ -156,10 +156,14 @@ def _check_inputs_fit(cells: Sequence[tuple[Any, int]], batch: int, heads: int, 
         )
 
 
-def _impl_names() -> tuple[str, ...]:
-    from ..kernels import IMPLS  # noqa: PLC0415
+def _impl_names(asked: Any = ()) -> tuple[str, ...]:
+    """Names of the registered implementations, ``"flex"`` included where torch has
+    FlexAttention; asking for it without raises the one-line error saying what it needs."""
+    from ..kernels import IMPLS, flex  # noqa: PLC0415 - flex registers impl="flex"
 
-    return tuple(str(getattr(k, "value", k)) for k in IMPLS)
+    if "flex" in ([asked] if isinstance(asked, str) else list(asked)):
+        flex._api()
+    return tuple(str(getattr(k, "value", k)) for k in IMPLS if k != "flex" or flex.available())
 
 
 def _names(arg: str, value: Any, valid: Sequence[str]) -> tuple[str, ...]:
@@ -190,6 +194,7 @@ def profile(
     progress: Callable[[int, int, str], None] | None = None,
     block: int = BLOCK,
     seed: int = 0,
+    device: str = "cpu",
 ) -> ProfileTable:
     """Time each pattern's forward attention, ours next to torch SDPA and FlexAttention.
 
@@ -208,7 +213,8 @@ def profile(
         Sequence lengths, each ``>= 1``.
     impls : sequence of str
         Our implementations, names from :data:`sparse_patterns.kernels.IMPLS`
-        (``"numba"``, ``"reference"``, ...). May be empty (baselines only).
+        (``"numba"``, ``"reference"``, ``"flex"``: FlexAttention on the plan's
+        pieces with 128-token tiles, ``"cuda"``, ...). May be empty (baselines only).
     baselines : sequence of str
         ``"sdpa"`` and/or ``"flex"`` (empty: none). Without torch they are
         dropped with a note and only ours run.
@@ -230,6 +236,13 @@ def profile(
         Tile size of our kernel's plan (``computed_flops`` come from that plan).
     seed : int
         Seed of the inputs and of the sampled rows the oracle checks.
+    device : {"cpu", "cuda"}
+        Where the inputs live. ``"cuda"``: created on the GPU once per cell,
+        the GPU runners (``flex``, ``cuda``, the baselines) timed with CUDA
+        events after a synchronize, their memory from
+        ``torch.cuda.max_memory_allocated``; SDPA runs its flash backend where
+        it can (float16, bfloat16; causal or no mask). The CPU implementations
+        still run on host arrays.
 
     Returns
     -------
@@ -238,7 +251,8 @@ def profile(
     Raises
     ------
     ValueError
-        Empty ``ns`` or ``patterns``, an unknown impl, baseline, dtype or mode, a
+        Empty ``ns`` or ``patterns``, an unknown impl, baseline, dtype, mode or
+        device, ``"cuda"`` without a GPU, ``"flex"`` without FlexAttention, a
         parameter that applies to no pattern, or nothing left to run (no impl,
         and no baseline because torch is missing).
     sparse_patterns.config.MemoryLimitError
@@ -273,8 +287,12 @@ def profile(
     process-wide peak.
 
     **Throughput.** ``GFLOP/s`` is useful FLOPs (``4 d`` per attended pair per
-    attention head) over the median time; ``% matmul`` compares it with a
-    ``2048 x 2048`` fp32 ``torch.matmul`` timed in the same run, at its start and at
+    attention head) over the median time; ``% peak`` compares it (and the
+    computed FLOPs of the runner's plan) with the host's FMA peak for the dtype,
+    measured once per run (:func:`sparse_patterns.kernels.cpu.fma_peak`: bfloat16's
+    for bfloat16, float32's for float32 and float16, half of it for float64; not
+    on a CUDA profile); ``% matmul`` compares it with a ``2048 x 2048`` fp32
+    ``torch.matmul`` timed in the same run (on the device), at its start and at
     its end (the faster of the two medians of 5 calls: a slow spell of a shared
     machine at one end does not inflate the percentages).
 
@@ -293,7 +311,7 @@ def profile(
     ns = [check_int("ns", v, 1) for v in ns]
     if not ns and any(isinstance(p, str) for p in items):
         raise ValueError("ns: give at least one sequence length n >= 1, got an empty list")
-    impls = _names("impls", impls, _impl_names())
+    impls = _names("impls", impls, _impl_names(impls))
     baselines = _names("baselines", baselines, BASELINES)
     batch = check_int("batch", batch, 1, 1 << 16)
     heads = check_int("heads", heads, 1, 1 << 16)
@@ -302,6 +320,7 @@ def profile(
     block = check_int("block", block, 1, 4096)
     dtype = check_choice("dtype", dtype, DTYPES)
     mode = check_choice("mode", mode, MODES)
+    device = check_choice("device", device, DEVICES)
     notes: list[str] = []
     try:
         import torch  # noqa: PLC0415
@@ -316,13 +335,15 @@ def profile(
     if not impls and not baselines:
         raise ValueError("impls: nothing to run (no implementation, and no baseline"
                          + (" because torch is missing)" if torch is None else ")"))
-    from ..kernels import attention  # noqa: PLC0415
-
+    dev = device_for(device, torch)  # a one-line ValueError for "cuda" without a GPU
     cells = [(p, n) for p in items if isinstance(p, str) for n in ns]
     cells += [(p, p.n) for p in items if isinstance(p, Pattern)]
     _check_inputs_fit(cells, batch, heads, head_dim, dtype)
     machine = machine_info(torch)
-    matmul, matmul_src = _matmul_gflops(torch)
+    machine["device"] = dev.name
+    matmul, matmul_src = _matmul_gflops(torch) if device == "cpu" else dev.matmul(torch, 4096)
+    peak, peak_src = _fma_peak(dtype) if device == "cpu" else (
+        None, "the host's FMA peak: not measured on a CUDA profile")
     runners = [(r, "impl") for r in impls] + [(b, "baseline") for b in baselines]
     total = len(cells) * (len(runners) + 1)
     done = 0
@@ -355,12 +376,13 @@ def profile(
             ours = [torch.from_numpy(rng.standard_normal(shape, dtype=np.float32)).to(torch.bfloat16)
                     for _ in range(3)]
             exact = [t.float().numpy() for t in ours]  # the rounded values, for the oracle
-            tin = ours
         else:  # one float32 draw at a time: the same values as before, less memory
             ours = [rng.standard_normal(shape, dtype=np.float32).astype(dtype, copy=False)
                     for _ in range(3)]
             exact = ours
-            tin = [torch.from_numpy(a) for a in ours] if torch is not None else None
+        tin = None if torch is None else [  # the baselines' inputs, on the profile's device
+            torch.as_tensor(a).to(dev.device) if device == "cuda" else torch.as_tensor(a)
+            for a in ours]
         check_rows = _check_rows(n, rng)
         oracle = _oracle_rows(*exact, _check_groups(pat, mode, check_rows), check_rows, scale)
         rows_note = (f"all {n:,} rows" if check_rows.size == n
@@ -374,13 +396,12 @@ def profile(
             tick(f"{label}: {name} (warm-up, check)")
             st: dict[str, Any] = {"kind": kind, "note": "", "status": "ok"}
             state[name] = st
+            where = dev
             try:
                 if kind == "impl":
-                    q_, k_, v_ = ours
-
-                    def fn(q_=q_, k_=k_, v_=v_, name=name, pat=pat):
-                        return attention(q_, k_, v_, pat, mode=mode, impl=name, scale=scale,
-                                         block=block)
+                    fn, where, st["note"], st["computed"] = impl_runner(
+                        name, pattern=pat, mode=mode, scale=scale, block=block, host=ours,
+                        dev=dev, torch=torch, dtype=dtype, shape=(batch, heads, n, head_dim))
                     same = True
                 elif (need := _baseline_too_big(name, pat, mode, batch, heads, head_dim, dtype,
                                                 computed, matmul)) is not None:
@@ -394,11 +415,9 @@ def profile(
                     st["status"] = "skipped"
                     notes.append(f"{label}: {name} {st['note']}")
                     continue
-                st["fn"], st["same"] = fn, same
-                t0 = time.perf_counter()
-                fn()
-                st["first"] = time.perf_counter() - t0
-                out, _, st["peak"] = _measure(fn)
+                st["fn"], st["same"], st["where"] = fn, same, where
+                st["first"] = where.clock(fn)
+                out, _, st["peak"] = where.measure(fn)
                 out = _to_numpy(out)
                 st["err"] = float(np.nanmax(np.abs(out[:, :, check_rows] - oracle),
                                             initial=0.0))
@@ -443,14 +462,12 @@ def profile(
             tick(f"{label}: {name} x{repeats}")
             times: list[float] = []
             if st["status"] == "ok":
-                for _ in range(repeats):
-                    t0 = time.perf_counter()
-                    st["fn"]()
-                    times.append(time.perf_counter() - t0)
+                times = [st["where"].clock(st["fn"]) for _ in range(repeats)]
             meas.append(Measurement(
                 runner=name, kind=kind, status=st["status"], note=st["note"],
                 times=tuple(times), first_s=st.get("first"),
                 peak_bytes=st.get("peak"), max_err=st.get("err"),
+                computed_flops=st.get("computed"),
             ))
             tick(f"{label}: {name} done", 1)
         state.clear()
@@ -463,14 +480,15 @@ def profile(
         del ours, exact, tin, oracle
         gc.collect()
     machine["load_after"] = load_average()
-    again, _ = _matmul_gflops(torch)
+    again, _ = _matmul_gflops(torch) if device == "cpu" else dev.matmul(torch, 4096)
     matmul_src += ", the faster of its medians at the start and the end"
     matmul = max(matmul, again)
     settings = {"batch": batch, "heads": heads, "head_dim": head_dim, "dtype": dtype,
-                "repeats": repeats, "mode": mode, "block": block, "seed": seed}
+                "repeats": repeats, "mode": mode, "block": block, "seed": seed,
+                "device": device}
     return ProfileTable(rows, impls=impls, baselines=baselines, settings=settings,
                         machine=machine, matmul_gflops=matmul, matmul_source=matmul_src,
-                        notes=notes)
+                        notes=notes, fma_peak_gflops=peak, fma_peak_source=peak_src)
 
 
 def _baseline_too_big(name: str, pattern: Pattern, mode: str, batch: int, heads: int,

@@ -45,6 +45,9 @@ class Measurement:
         Largest absolute difference to the float64 oracle on the checked rows
         (None for a baseline that computes another function, such as SDPA's
         dense causal attention on a sparse causal pattern).
+    computed_flops : int or None
+        FLOPs the runner's own plan computes, when it is not the row's plan
+        (``impl="flex"`` plans with FlexAttention's 128-token tiles).
 
     Examples
     --------
@@ -61,6 +64,7 @@ class Measurement:
     first_s: float | None = None
     peak_bytes: int | None = None
     max_err: float | None = None
+    computed_flops: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -96,6 +100,7 @@ class Measurement:
             "median_s": self.median_s, "min_s": self.min_s, "max_s": self.max_s,
             "first_s": self.first_s, "compile_s": self.compile_s, "times": list(self.times),
             "peak_bytes": self.peak_bytes, "max_err": self.max_err,
+            "computed_flops": self.computed_flops,
         }
 
 
@@ -126,32 +131,39 @@ class ProfileRow:
         """``computed_flops / useful_flops`` of the plan (1.0 = no wasted work)."""
         return self.computed_flops / self.useful_flops if self.useful_flops else 1.0
 
-    def get(self, runner: str) -> Measurement | None:
-        """The measurement of ``runner`` (None when it was not asked for)."""
+    def get(self, runner: str, kind: str | None = None) -> Measurement | None:
+        """The measurement of ``runner`` (None when it was not asked for); ``kind``
+        (``"impl"`` or ``"baseline"``) tells our ``"flex"`` from the ``"flex"`` baseline,
+        ours first when not given."""
         for m in self.measurements:
-            if m.runner == runner:
+            if m.runner == runner and kind in (None, m.kind):
                 return m
         return None
 
-    def gflops(self, runner: str) -> float | None:
-        """Useful GFLOP/s of ``runner`` (useful FLOPs / median time)."""
+    def gflops(self, runner: str, computed: bool = False) -> float | None:
+        """GFLOP/s of our ``runner`` (FLOPs / median time): useful FLOPs, or with
+        ``computed`` the FLOPs its plan computes."""
         m = self.get(runner)
         if m is None or not m.ok or not m.median_s:
             return None
-        return self.useful_flops / m.median_s / 1e9
+        flops = self.useful_flops
+        if computed:
+            flops = m.computed_flops if m.computed_flops is not None else self.computed_flops
+        return flops / m.median_s / 1e9
 
     def speedup(self, impl: str, baseline: str) -> float | None:
         """``baseline time / impl time`` (medians); above 1 means ``impl`` is faster."""
-        a, b = self.get(impl), self.get(baseline)
+        a, b = self.get(impl, "impl"), self.get(baseline, "baseline")
         if a is None or b is None or not a.ok or not b.ok or not a.median_s:
             return None
         return b.median_s / a.median_s
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly fields."""
-        runs = {m.runner: m.to_dict() for m in self.measurements}
+        runs = {run_key(self, m): m.to_dict() for m in self.measurements}
         for m in self.measurements:
-            runs[m.runner]["gflops"] = self.gflops(m.runner)
+            runs[run_key(self, m)]["gflops"] = self.gflops(m.runner) if m.kind == "impl" else (
+                self.useful_flops / m.median_s / 1e9 if m.ok and m.median_s else None)
         speed = {
             f"{a.runner}/{b.runner}": self.speedup(a.runner, b.runner)
             for a in self.measurements if a.kind == "impl"
@@ -166,21 +178,31 @@ class ProfileRow:
         }
 
 
+def run_key(row: ProfileRow, m: Measurement) -> str:
+    """The key of ``m`` in ``to_dict()["runs"]``: its runner, ``"<name> (baseline)"`` for a
+    baseline named like one of ours (the ``"flex"`` baseline beside ``impl="flex"``)."""
+    clash = m.kind == "baseline" and any(
+        o.kind == "impl" and o.runner == m.runner for o in row.measurements)
+    return f"{m.runner} (baseline)" if clash else m.runner
+
+
 # ====================================================================== the printed table
 #: Columns of ``ProfileTable.table(wide=True)`` and of the markdown; each
 #: baseline adds ``"<b> s"`` and ``"x <b>"`` before ``check``.
 WIDE_COLUMNS = (
     "pattern", "n", "density", "useful GFLOP", "computed/useful", "impl", "median s",
-    "min-max s", "compile s", "GFLOP/s", "% matmul", "peak MB", "check",
+    "min-max s", "compile s", "GFLOP/s", "% peak", "% peak computed", "% matmul", "peak MB",
+    "check",
 )
 #: Columns of the compact ``ProfileTable.table()``; each baseline adds ``"x <b>"``
 #: before ``check``. They fit 80 columns.
-COLUMNS = ("pattern", "n", "impl", "median ms", "GFLOP/s", "% matmul", "check")
+COLUMNS = ("pattern", "n", "impl", "median ms", "GFLOP/s", "% peak", "% matmul", "check")
 
 #: Headers of the rich table (the markdown and JSON keep the long names).
 _SHORT = {"density": "dens", "useful GFLOP": "GFLOP", "computed/useful": "c/u",
           "median s": "median", "min-max s": "min-max", "compile s": "1st-med",
-          "median ms": "ms", "GFLOP/s": "GF/s", "% matmul": "%mm", "peak MB": "MB"}
+          "median ms": "ms", "GFLOP/s": "GF/s", "% matmul": "%mm", "peak MB": "MB",
+          "% peak": "%pk", "% peak computed": "%pkc"}
 #: What a short header means (the legend under the rich table).
 _MEANING = {
     "GFLOP": "useful work (4 d per attended pair per head)",
@@ -189,7 +211,9 @@ _MEANING = {
     "ms": "median milliseconds per call",
     "1st-med": "first call minus median (compilation)",
     "GF/s": "useful GFLOP/s",
-    "%mm": "of fp32 matmul",
+    "%pk": "useful GFLOP/s of the FMA peak",
+    "%pkc": "computed GFLOP/s of the FMA peak",
+    "%mm": "useful GFLOP/s of fp32 matmul",
     "MB": "peak memory of one call",
 }
 _LEFT = ("pattern", "impl", "check")
@@ -268,6 +292,9 @@ class ProfileTable:
         load average before and after the run.
     matmul_gflops : float
         fp32 matmul throughput measured in the same run (``matmul_source`` says how).
+    fma_peak_gflops : float or None
+        The host's FMA peak for the profiled dtype, measured once in the run
+        (``fma_peak_source`` says how); None on a CUDA profile.
     notes : tuple of str
         What could not run and why (torch missing, a mask that would not fit, ...).
     """
@@ -275,7 +302,8 @@ class ProfileTable:
     def __init__(self, rows: Sequence[ProfileRow], *, impls: Sequence[str],
                  baselines: Sequence[str], settings: Mapping[str, Any],
                  machine: Mapping[str, Any], matmul_gflops: float, matmul_source: str,
-                 notes: Sequence[str] = ()) -> None:
+                 notes: Sequence[str] = (), fma_peak_gflops: float | None = None,
+                 fma_peak_source: str = "FMA peak: not measured") -> None:
         self.rows = tuple(rows)
         self.impls = tuple(impls)
         self.baselines = tuple(baselines)
@@ -283,6 +311,8 @@ class ProfileTable:
         self.machine = dict(machine)
         self.matmul_gflops = float(matmul_gflops)
         self.matmul_source = str(matmul_source)
+        self.fma_peak_gflops = None if fma_peak_gflops is None else float(fma_peak_gflops)
+        self.fma_peak_source = str(fma_peak_source)
         self.notes = tuple(notes)
 
     def __len__(self) -> int:
@@ -315,17 +345,41 @@ class ProfileTable:
         g = row.gflops(runner)
         return None if g is None or not self.matmul_gflops else 100.0 * g / self.matmul_gflops
 
+    def pct_of_peak(self, row: ProfileRow, runner: str, computed: bool = False) -> float | None:
+        """Useful (or ``computed``) GFLOP/s of ``runner`` as a percentage of
+        :attr:`fma_peak_gflops` (None when the peak was not measured).
+
+        Examples
+        --------
+        >>> row = ProfileRow("full", {}, 8, False, 1, 64, 1.0, 1000, 2000, 0.0, {},
+        ...                  (Measurement("numba", "impl", "ok", times=(1e-6,)),))
+        >>> t = ProfileTable([row], impls=("numba",), baselines=(), settings={}, machine={},
+        ...                  matmul_gflops=1.0, matmul_source="-", fma_peak_gflops=4.0)
+        >>> t.pct_of_peak(row, "numba"), t.pct_of_peak(row, "numba", computed=True)
+        (25.0, 50.0)
+        """
+        g = row.gflops(runner, computed=computed)
+        peak = self.fma_peak_gflops
+        return None if g is None or not peak else 100.0 * g / peak
+
     def to_dict(self) -> dict[str, Any]:
         """The whole table as JSON-friendly data."""
         rows = []
         for r in self.rows:
             d = r.to_dict()
-            for name, run in d["runs"].items():
-                run["pct_matmul"] = self.pct_of_matmul(r, name)
+            for m in r.measurements:
+                run = d["runs"][run_key(r, m)]
+                ours = m.kind == "impl"
+                run["pct_matmul"] = self.pct_of_matmul(r, m.runner) if ours else None
+                run["computed_gflops"] = r.gflops(m.runner, computed=True) if ours else None
+                run["pct_fma_peak"] = self.pct_of_peak(r, m.runner) if ours else None
+                run["pct_fma_peak_computed"] = (self.pct_of_peak(r, m.runner, computed=True)
+                                                if ours else None)
             rows.append(d)
         return {
             "settings": self.settings, "machine": self.machine,
             "matmul": {"gflops": self.matmul_gflops, "source": self.matmul_source},
+            "fma_peak": {"gflops": self.fma_peak_gflops, "source": self.fma_peak_source},
             "impls": list(self.impls), "baselines": list(self.baselines),
             "notes": list(self.notes), "rows": rows,
         }
@@ -336,12 +390,12 @@ class ProfileTable:
         for r in self.rows:
             names = [m.runner for m in r.measurements if m.kind == "impl"] or ["-"]
             for impl in names:
-                m = r.get(impl)
+                m = r.get(impl, "impl")
                 c = {"pattern": r.pattern, "n": f"{r.n:,}", "density": f"{r.density:.4g}",
                      "useful GFLOP": f"{r.useful_flops / 1e9:.3g}",
                      "computed/useful": f"{r.flop_ratio:.2f}", "impl": impl}
                 timed = ("median s", "median ms", "min-max s", "compile s", "GFLOP/s",
-                         "% matmul", "peak MB")
+                         "% peak", "% peak computed", "% matmul", "peak MB")
                 if m is None or not m.ok:
                     c.update(dict.fromkeys(timed, "-"))
                 else:
@@ -352,10 +406,12 @@ class ProfileTable:
                         "median ms": f"{ms:.4g}" if ms < 1e4 else f"{ms:,.0f}",
                         "min-max s": f"{m.min_s:.3g}-{m.max_s:.3g}",
                         "compile s": f"{m.compile_s:.2f}", "GFLOP/s": f"{r.gflops(impl):.1f}",
+                        "% peak": _pct(self.pct_of_peak(r, impl)),
+                        "% peak computed": _pct(self.pct_of_peak(r, impl, computed=True)),
                         "% matmul": f"{pct:.0f}%", "peak MB": _mb(m.peak_bytes),
                     })
                 for b in self.baselines:
-                    mb = r.get(b)
+                    mb = r.get(b, "baseline")
                     if mb is None:
                         c[f"{b} s"], c[f"x {b}"] = "-", "-"
                     elif not mb.ok:
@@ -376,7 +432,7 @@ class ProfileTable:
         >>> t = ProfileTable([], impls=("numba",), baselines=("sdpa",), settings={},
         ...                  machine={}, matmul_gflops=1.0, matmul_source="-")
         >>> t.columns()
-        ('pattern', 'n', 'impl', 'median ms', 'GFLOP/s', '% matmul', 'x sdpa', 'check')
+        ('pattern', 'n', 'impl', 'median ms', 'GFLOP/s', '% peak', '% matmul', 'x sdpa', 'check')
         >>> t.columns(wide=True)[-3:]
         ('sdpa s', 'x sdpa', 'check')
         """
@@ -405,7 +461,7 @@ class ProfileTable:
         >>> dict(zip(cols, rows[0]))["check"]
         'ok'
         >>> len(t.table(wide=True).columns)
-        13
+        15
         """
         cols = self.columns(wide)
         rows = [tuple(c[k] for k in cols) for c in self._cells()]
@@ -424,10 +480,13 @@ class ProfileTable:
         m, s = self.machine, self.settings
         return [
             f"B={s.get('batch')} H={s.get('heads')} d={s.get('head_dim')} {s.get('dtype')} "
-            f"{s.get('mode')}; median of {s.get('repeats')} after a warm-up; {m.get('date')}",
+            f"{s.get('mode')} on {s.get('device', 'cpu')}; median of {s.get('repeats')} after a "
+            f"warm-up; {m.get('date')}",
             f"{m.get('cores')} cores, CPU capability {m.get('cpu_capability')}; "
             f"load {m.get('load_before')} -> {m.get('load_after')}",
             f"{self.matmul_source}: {self.matmul_gflops:.0f} GFLOP/s",
+            f"{self.fma_peak_source}: " + (f"{self.fma_peak_gflops:.0f} GFLOP/s"
+                                           if self.fma_peak_gflops else "-"),
         ]
 
     def to_markdown(self) -> str:
@@ -448,10 +507,13 @@ class ProfileTable:
         lines.append("")
         lines.append(
             f"B={s['batch']}, H={s['heads']}, d={s['head_dim']}, {s['dtype']}, mode={s['mode']}, "
+            f"device={s.get('device', 'cpu')}, "
             f"median of {s['repeats']} runs after a warm-up; {m.get('cores')} cores "
             f"({m.get('cpu')}), CPU capability {m.get('cpu_capability')}, torch "
             f"{m.get('torch')}, numba {m.get('numba')}; fp32 matmul {self.matmul_gflops:.0f} "
-            f"GFLOP/s ({self.matmul_source}); load average {m.get('load_before')} before, "
+            f"GFLOP/s ({self.matmul_source}); "
+            + (f"{self.fma_peak_gflops:.0f} GFLOP/s " if self.fma_peak_gflops else "")
+            + f"({self.fma_peak_source}); load average {m.get('load_before')} before, "
             f"{m.get('load_after')} after; {m.get('date')}."
         )
         lines.extend(f"- {n}" for n in self.notes)
@@ -460,3 +522,7 @@ class ProfileTable:
 
 def _mb(b: int | None) -> str:
     return "-" if b is None else f"{b / 2**20:.0f}"
+
+
+def _pct(p: float | None) -> str:
+    return "-" if p is None else f"{p:.0f}%"

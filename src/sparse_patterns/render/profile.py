@@ -52,19 +52,21 @@ def plot_profile(table: Any, ax: Any = None) -> Any:
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 5))
     names = list(dict.fromkeys(r.pattern for r in table.rows))
-    runners = list(table.impls) + list(table.baselines)
+    runners = [(r, "impl") for r in table.impls] + [(b, "baseline") for b in table.baselines]
     ns_all, t_first = [], []
     for pi, name in enumerate(names):
         rows = sorted((r for r in table.rows if r.pattern == name), key=lambda r: r.n)
-        for k, runner in enumerate(runners):
-            pts = [(r.n, r.get(runner).median_s) for r in rows
-                   if r.get(runner) is not None and r.get(runner).ok]
+        for k, (runner, kind) in enumerate(runners):
+            pts = [(r.n, r.get(runner, kind).median_s) for r in rows
+                   if r.get(runner, kind) is not None and r.get(runner, kind).ok]
             if not pts:
                 continue
-            ls, mk = _STYLES.get(runner, ("-", "os*Dv"[k % 5]))
+            base = kind == "baseline"
+            ls, mk = _STYLES[runner] if base and runner in _STYLES else ("-", "os*Dv"[k % 5])
             x, y = zip(*pts, strict=True)
+            label = f"{runner} (baseline)" if base and runner in table.impls else runner
             ax.plot(x, y, ls, marker=mk, color=_COLORS[pi % len(_COLORS)],
-                    label=f"{name} / {runner}")
+                    label=f"{name} / {label}")
             ns_all += list(x)
             t_first.append(pts[0])
     if ns_all:
