@@ -15,6 +15,10 @@ notes about its code (each measured, A/B in one process, on a CPU without SVML):
   ``residue(s)`` pieces, work items and their copy orders, transposed masks);
 - ``_llvm``: vector primitives written in LLVM IR (row copies, 16 x 16
   transposes, the float32 exponential, the fused 32-token tile passes);
+- ``_llvm_bwd``: the backward's fused float32 32-token passes (S and dP with the
+  probabilities and dS in registers, dV and dK, dQ), no BLAS call per tile;
+- ``_convert``: bf16 and fp16 words widened to float32 and narrowed back;
+- ``_peak``: the machine's measured FMA peak (:func:`fma_peak`);
 - ``_blas``: BLAS ``?gemm`` from ``@njit`` code, :func:`single_threaded_blas`,
   numba's thread count per call;
 - ``_pool``: work buffers on cache lines and the per-thread pool of outputs.

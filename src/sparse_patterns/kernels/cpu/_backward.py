@@ -1,15 +1,39 @@
 """The backward of the CPU kernel: gradients ``(dq, dk, dv)`` over an ExecutionPlan,
 recomputed from the forward's saved log-sum-exp, with no ``n x n`` storage.
 
-It recomputes the probabilities from the saved log-sum-exp, in parallel
-over (batch x head); for every piece and key block it takes the query rows of a
-chunk of the block's tiles, accumulates ``dk`` and ``dv`` in tile buffers (BLAS
-with ``beta = 1``) and adds ``dq`` into its rows (each thread owns whole heads: no
-write conflicts). A ``residue(s)`` piece runs in work items (block ranges that its
-tiles do not leave, :func:`._schedule._backward_items`): each item's rows are copied
-once into buffers in the piece's order, where every block is a run used in place,
-and its gradients added back once. Float32 exponentiates as the forward does
-(:mod:`._llvm`: base-2 units, :func:`._llvm._exp_rows32` for rows of 32 keys).
+In parallel over (batch x head), for every piece and key block, it takes the query
+rows of a chunk of the block's tiles, accumulates ``dk`` and ``dv`` in tile buffers
+and adds ``dq`` into its rows (each thread owns whole heads). A ``residue(s)`` piece
+runs in work items (block ranges that its tiles do not leave,
+:func:`._schedule._backward_items`): each item's rows are copied once into buffers in
+the piece's order, where every block is a run used in place, and its gradients added
+back once.
+
+Two implementations of a key block share that frame:
+
+* float32 with 32-token tiles and ``d`` a multiple of 16 (:func:`_kblock32`): fused,
+  as the forward is. Three register-blocked passes per chunk of 2 tiles
+  (:mod:`._llvm_bwd`): ``S = Q K^T`` and ``dP = dO V^T`` together, with
+  ``P = 2**(S log2 e scale - lse log2 e)`` (the forward's exponential, base-2 units),
+  the mask and ``dS = scale P (dP - delta)`` applied in registers; then
+  ``dV += P^T dO`` and ``dK += dS^T Q`` for 4 keys at a time, and ``dQ += dS K`` for
+  4 queries at a time, read and written in ``dq``'s rows, each over only the rows
+  (keys) of a partial tile that can be nonzero. Query rows are used in place through
+  a table of row offsets where a tile's block is a run of 32 consecutive rows, else
+  gathered (zero rows pad the last block); keys and values are read, and ``dk``,
+  ``dv`` written, in their rows (a work item copies only q and dO). No BLAS call.
+  Gradient rows are set on first use instead of zeroed first.
+
+  Measured (A/B interleaved, n = 16,384, H = 8, merged): 2.7x (strided l = 128) and
+  2.6x (fixed l = 128, c = 16) the forward with a ``gemm`` per chunk, 2.3x fused.
+  The passes run at about 1.85 (``S``, ``dP``: 1.7 with the exponentials) of the
+  core's 2 FMA per cycle on data in L1; skipping 16-key halves that no row of a
+  4-row group sees saves 3% (strided), rows set on first use 2%, non-temporal first
+  ``dk``, ``dv`` writes 1-2%. Software prefetch of the next rows cost more than it
+  saved; chunks of 1 or 4 tiles, and ``delta`` at first use, were slower.
+* anything else (float64, the exact path that gradcheck uses; other tile sizes;
+  other ``d``): :func:`_kblock`, BLAS ``?gemm`` per chunk of tiles (:mod:`._blas`)
+  with the probabilities recomputed between the calls.
 """
 
 from __future__ import annotations
@@ -21,11 +45,14 @@ import numpy as np
 from numba import prange
 
 from ._blas import _N, _T, _gemm, _threads_for, single_threaded_blas
-from ._llvm import _FM, _LOG2E, _copy, _exp2f, _exp_rows32, _transpose16, _wide, _zero
+from ._llvm import _FM, _LOG2E, _copy, _copy_nt, _exp2f, _exp_rows32, _transpose16, _wide, _zero
+from ._llvm_bwd import _dkv32, _dq32, _dscores32, _tile_ranges
 from ._pool import _aligned, _buffer
 from ._schedule import _CHUNK, _backward_items, _block_steps
 
 __all__ = ["backward"]
+
+_CHUNK32 = 2  # tiles per chunk of the fused float32 path (P, dS and their rows in L1)
 
 
 # --------------------------------------------------------------------- row helpers
@@ -148,12 +175,14 @@ def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, pp, J, scale, qp
                 if lr == ninf:
                     for c in range(cols):
                         s[r, c] = 0.0
-                elif precise:
+                elif precise:  # a masked key (-inf) gives 0, also where lse is NaN
                     for c in range(cols):
-                        s[r, c] = math.exp(s[r, c] - lr)
+                        x = s[r, c]
+                        s[r, c] = math.exp(x - lr) if x != ninf else 0.0
                 else:
                     for c in range(cols):
-                        s[r, c] = _exp2f(np.float32(s[r, c] - lr))
+                        x = s[r, c]
+                        s[r, c] = _exp2f(np.float32(x - lr)) if x != ninf else 0.0
         # s now holds P: dv += P^T dO (cols x d)
         _gemm(_N, _T, d, cols, m, 1.0, doa, qoff, d, sbuf, 0, cols, 1.0, dvacc, 0, d)
         # dP (m x cols) = dO V^T; dS = P (dP - delta)
@@ -180,21 +209,228 @@ def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, pp, J, scale, qp
             dv[dst, c] += dvacc[x * d + c]
 
 
+@numba.njit(cache=True, fastmath=_FM)
+def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase, kp, n, p, J,
+              scale, col_ptr, col_tile, tile_row, tile_mask, masks, ranges, chunk, kc, qc, doc,
+              dqc, lc, dc, mbits, pbuf, sbuf, dkacc, dvacc, roff, rowsrc, rng, qnew,
+              knew):  # pragma: no cover - compiled
+    """Key block ``J`` of piece ``p`` for float32, 32-token tiles and ``d`` a multiple of
+    16: the register-blocked passes of :mod:`._llvm_bwd` on chunks of ``chunk`` tiles.
+
+    Keys: position ``x`` of the piece's order is row ``kbase + kp[x]`` of ``k2``, ``v2``,
+    ``dk``, ``dv``; the block's ``K`` rows (``kc[:32 d]``), ``K^T`` and ``V^T`` are put in
+    ``kc`` once (zero-padded to 32 keys), its ``dk`` and ``dv`` accumulated in
+    ``dkacc``, ``dvacc`` and added to their rows at the end. Queries: position ``x`` is
+    row ``base + qp[x]`` of ``q2``, ``do2``, ``dq``, with its statistics at ``qp[x]`` of
+    ``l2`` (the log-sum-exp in base-2 units, 0 for a row without keys), ``delta`` and
+    ``ok`` (all ones, or 0 for a row without keys). A chunk's query rows are read in
+    place (offsets ``roff``) where every tile's block is 32 consecutive rows
+    (``qstep`` 1), else gathered into ``qc``, ``doc`` (zero-padded to 32 rows) with
+    ``dq`` added back from ``dqc``. ``ranges``: :func:`._llvm_bwd._tile_ranges`.
+
+    Gradient rows are set on first use, not zeroed in a pass over the whole arrays
+    first: a ``dq`` row whose flag ``qnew[qp[x]]`` is set (``qnew`` empty: none is) is
+    zeroed just before the chunk that first adds to it (or written by a gathered
+    chunk), and a ``dk``, ``dv`` row whose flag ``knew[kp[x]]`` is set is written rather
+    than added to, with non-temporal stores where rows are whole cache lines (not read
+    from memory first); each flag is cleared then."""
+    _wide()
+    d = q2.shape[1]
+    qf, dof, dqf = q2.reshape(q2.size), do2.reshape(do2.size), dq.reshape(dq.size)
+    nb = (n + 31) // 32
+    u0 = col_ptr[p * nb + J]
+    u1 = col_ptr[p * nb + J + 1]
+    if u0 == u1:
+        return
+    full = ranges.shape[0] - 1
+    cols = min(32, n - J * 32)
+    colbits = np.uint32(0xFFFFFFFF) if cols == 32 else np.uint32((1 << cols) - 1)
+    kv = kc[: 32 * d]
+    kt = kc[32 * d: 64 * d]  # K^T and V^T (d x 32): row-major score products
+    vt = kc[64 * d: 96 * d]
+    for x in range(cols):
+        src = kbase + kp[J * 32 + x]
+        _copy(kv, x * d, k2, src * d, d)
+        rowsrc[x] = src * d
+    if cols == 32:
+        for x0 in range(0, 32, 16):
+            for c0 in range(0, d, 16):
+                _transpose16(k2, rowsrc, x0, c0, kt, c0 * 32 + x0, 32)
+                _transpose16(v2, rowsrc, x0, c0, vt, c0 * 32 + x0, 32)
+    else:
+        _zero(kc, cols * d, (32 - cols) * d)
+        _zero(kc, 32 * d, 64 * d)
+        for x in range(cols):
+            src = kbase + kp[J * 32 + x]
+            for c in range(d):
+                kt[c * 32 + x] = k2[src, c]
+                vt[c * 32 + x] = v2[src, c]
+    _zero(dkacc, 0, 32 * d)
+    _zero(dvacc, 0, 32 * d)
+    alpha = np.float32(scale * _LOG2E)
+    for a0 in range(u0, u1, chunk):
+        a1 = min(u1, a0 + chunk)
+        nt = a1 - a0
+        gather = False
+        for a in range(a0, a1):
+            I = tile_row[col_tile[a]]
+            if qstep[I] != 1 or (I + 1) * 32 > n:
+                gather = True
+        for a in range(a0, a1):
+            t = col_tile[a]
+            I = tile_row[t]
+            mi = tile_mask[t]
+            x0 = (a - a0) * 32
+            rows = min(32, n - I * 32)
+            if not gather:  # 32 consecutive rows from row base + s0: loops that vectorize
+                s0 = qp[I * 32]
+                for r in range(32):
+                    roff[x0 + r] = (base + s0 + r) * d
+                    lc[x0 + r] = l2[s0 + r]
+                    dc[x0 + r] = delta[s0 + r]
+                if qnew.size > 0:
+                    for r in range(32):
+                        if qnew[s0 + r]:
+                            _zero(dqf, (base + s0 + r) * d, d)
+                            qnew[s0 + r] = 0
+                if mi >= 0:
+                    for r in range(32):
+                        mbits[x0 + r] = (np.uint32(masks[mi, r, 0] & np.uint64(0xFFFFFFFF))
+                                         & colbits & ok[s0 + r])
+                else:
+                    for r in range(32):
+                        mbits[x0 + r] = colbits & ok[s0 + r]
+            else:
+                for r in range(32):
+                    x = x0 + r
+                    roff[x] = x * d
+                    if r >= rows:  # padding of the last block: zero rows, no keys
+                        lc[x] = 0.0
+                        dc[x] = 0.0
+                        mbits[x] = 0
+                        _zero(qc, x * d, d)
+                        _zero(doc, x * d, d)
+                        continue
+                    s = qp[I * 32 + r]
+                    bits = (np.uint32(masks[mi, r, 0] & np.uint64(0xFFFFFFFF)) if mi >= 0
+                            else np.uint32(0xFFFFFFFF))
+                    lc[x] = l2[s]
+                    dc[x] = delta[s]
+                    mbits[x] = bits & colbits & ok[s]
+                    _copy(qc, x * d, q2, (base + s) * d, d)
+                    _copy(doc, x * d, do2, (base + s) * d, d)
+                    rowsrc[x] = s
+            sel = mi if mi >= 0 else full
+            for e in range(32):
+                rng[x0 + e] = ranges[sel, e]
+        if gather:
+            qa, doa, dqa = qc, doc, dqc
+            _zero(dqc, 0, nt * 32 * d)
+        else:
+            qa, doa, dqa = qf, dof, dqf
+        _dscores32(qa, doa, roff, kt, vt, nt * 32, d, alpha, lc, dc, mbits, np.float32(scale),
+                   pbuf, sbuf)
+        for w in range(2):  # dV += P^T dO, dK += dS^T Q (one call site: compiled once)
+            _dkv32(pbuf if w == 0 else sbuf, doa if w == 0 else qa, roff,
+                   dvacc if w == 0 else dkacc, nt, rng, d)
+        _dq32(sbuf, kv, dqa, roff, nt, rng, d)
+        if gather:
+            for a in range(a0, a1):
+                x0 = (a - a0) * 32
+                for r in range(min(32, n - tile_row[col_tile[a]] * 32)):
+                    s = rowsrc[x0 + r]
+                    grow, lrow = dq[base + s], dqc[(x0 + r) * d: (x0 + r + 1) * d]
+                    if qnew.size > 0 and qnew[s]:
+                        qnew[s] = 0
+                        for c in range(d):
+                            grow[c] = lrow[c]
+                    else:
+                        for c in range(d):
+                            grow[c] += lrow[c]
+    # a row's first write goes straight to memory where rows are whole cache lines (the
+    # next piece that adds to it reads it from memory either way): 1-2% (A/B, n = 16,384)
+    whole = (d * dk.itemsize) % 64 == 0 and dk.ctypes.data % 64 == 0 and dv.ctypes.data % 64 == 0
+    dkf, dvf = dk.reshape(dk.size), dv.reshape(dv.size)
+    for x in range(cols):
+        j = kp[J * 32 + x]
+        krow, vrow = dk[kbase + j], dv[kbase + j]  # row views: vectorized
+        ka, va = dkacc[x * d: (x + 1) * d], dvacc[x * d: (x + 1) * d]
+        if knew[j]:
+            knew[j] = 0
+            if whole:
+                _copy_nt(dkf, (kbase + j) * d, dkacc, x * d, d)
+                _copy_nt(dvf, (kbase + j) * d, dvacc, x * d, d)
+            else:
+                for c in range(d):
+                    krow[c] = ka[c]
+                    vrow[c] = va[c]
+        else:
+            for c in range(d):
+                krow[c] += ka[c]
+                vrow[c] += va[c]
+
+
+@numba.njit(cache=True, fastmath=_FM)
+def _delta_rows(do2, o2, base, n, out, precise):  # pragma: no cover - compiled
+    """``out[i] = sum_c do2[base + i, c] o2[base + i, c]`` (``delta``), ``i < n``: float32
+    rows of a multiple of 16 summed in 16 lanes (a float reduction is not vectorized
+    without reassociation), others in float64 term by term."""
+    _wide()
+    d = do2.shape[1]
+    if precise or d % 16 != 0:
+        for i in range(n):
+            acc = 0.0
+            for c in range(d):
+                acc += do2[base + i, c] * o2[base + i, c]
+            out[i] = acc
+        return
+    lanes = np.empty(16, np.float32)
+    for i in range(n):
+        a, b = do2[base + i], o2[base + i]  # row views: vectorized
+        for e in range(16):
+            lanes[e] = a[e] * b[e]
+        for c0 in range(16, d, 16):
+            for e in range(16):
+                lanes[e] += a[c0 + e] * b[c0 + e]
+        acc = np.float32(0.0)
+        for e in range(16):
+            acc += lanes[e]
+        out[i] = acc
+
+
+@numba.njit(cache=True, fastmath=_FM)
+def _stats32(l1, base, i0, i1, l2, ok):  # pragma: no cover - compiled
+    """For ``i0 <= i < i1``: ``l2[i] = l1[base + i] log2 e`` and ``ok[i]`` all ones, or
+    ``0`` and ``0`` where ``l1[base + i]`` is ``-inf`` (a row without keys)."""
+    _wide()
+    if l2.size == 0:
+        return
+    ninf = -np.inf
+    for i in range(i0, i1):
+        x = l1[base + i]
+        l2[i] = x * _LOG2E if x != ninf else 0.0
+        ok[i] = np.uint32(0xFFFFFFFF) if x != ninf else np.uint32(0)
+
+
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
 def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group, qperm, kperm,
-              col_ptr, col_tile, tile_row, tile_mask, masks, block, chunk, precise,
-              qstart, qstep, item_ptr, items, item_order, item_rows):  # pragma: no cover - compiled
+              col_ptr, col_tile, tile_row, tile_mask, masks, block, chunk, precise, fused,
+              ranges, qstart, qstep, item_ptr, items, item_order, item_rows,
+              T):  # pragma: no cover - compiled
     """Every (batch, head) in parallel. A piece with work items (``items[item_ptr[p]:
     item_ptr[p + 1]]``, ranges of its blocks that its tiles do not leave, see
-    :func:`_backward_items`) has each item's q, dO, k, v rows and softmax statistics
-    copied into buffers in the piece's order (the positions taken in the order
-    ``item_order``, as the forward's copies), its gradients accumulated there in
-    place (every block a run) and added back to their rows once; the others gather
-    the query rows of each chunk of tiles."""
+    :func:`_backward_items`) has each item's q, dO, k, v rows (``fused``: q and dO
+    rows) and softmax statistics copied into buffers in the piece's order (the
+    positions taken in the order ``item_order``, as the forward's copies), its
+    gradients accumulated there in place (every block a run; ``fused``: dq, while dk
+    and dv go to their rows from each key block) and added back to their rows once;
+    the others read (``fused``) or gather (:func:`_kblock`) the query rows of each
+    chunk of tiles. ``T``: numba's thread count (one set of item buffers each)."""
     _wide()
     d = q2.shape[1]
     qf, dof, dqf = q2.reshape(q2.size), do2.reshape(do2.size), dq.reshape(dq.size)
     kf, vf = k2.reshape(k2.size), v2.reshape(v2.size)
+    dkf, dvf = dk.reshape(dk.size), dv.reshape(dv.size)
     n = q2.shape[0] // BH
     nb = (n + block - 1) // block
     P = piece_group.size
@@ -203,86 +439,131 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
     ident = np.arange(n, dtype=qperm.dtype).reshape((1, n))
     istart = (np.arange(nb, dtype=qstart.dtype) * block).reshape((1, nb))
     istep = np.ones((1, nb), dtype=qstep.dtype)
+    # item buffers of each thread: q, dO, dq (fused) or q, dO, k, v, dq, dk, dv rows
+    R = item_rows
+    A = 3 if fused else 7
+    items_ib = _aligned(T * A * R * d, q2).reshape((T, A, R, d))
     for bh in prange(BH):
         base = bh * n
         g = (bh % H) % G
         dl = np.empty(n, dt)
-        for i in range(n):
-            acc = 0.0
-            for c in range(d):
-                acc += do2[base + i, c] * o2[base + i, c]
-            dl[i] = acc
-            for c in range(d):
-                dq[base + i, c] = 0.0
-                dk[base + i, c] = 0.0
-                dv[base + i, c] = 0.0
-        kc = _aligned(2 * block * d, q2)
+        _delta_rows(do2, o2, base, n, dl, precise)
+        l2 = np.empty(n if fused else 0, dt)  # the fused path's statistics (see _kblock32)
+        ok = np.empty(n if fused else 0, np.uint32)
+        _stats32(l1, base, 0, n, l2, ok)
+        qnew = np.ones(n if fused else 0, np.uint8)  # fused: rows set on first use
+        knew = np.ones(n if fused else 0, np.uint8)
+        if not fused:
+            _zero(dqf, base * d, n * d)
+            _zero(dkf, base * d, n * d)
+            _zero(dvf, base * d, n * d)
+        # buffers of the fused path (float32, 32-token tiles), or of _kblock's BLAS calls
+        c32 = chunk * 32 if fused else 1
+        kc = _aligned((3 if fused else 2) * block * d, q2)
         vc = _aligned(block * d, q2)
-        qc = _aligned(chunk * block * d, q2)
-        doc = _aligned(chunk * block * d, q2)
-        lc = _aligned(chunk * block, q2)
-        mbits = np.empty(chunk * block, np.uint32)
-        dc = _aligned(chunk * block, q2)
+        qc = _aligned(max(chunk * block, c32) * d, q2)
+        doc = _aligned(max(chunk * block, c32) * d, q2)
+        lc = _aligned(max(chunk * block, c32), q2)
+        mbits = np.empty(max(chunk * block, c32), np.uint32)
+        dc = _aligned(max(chunk * block, c32), q2)
         sbuf = _aligned(chunk * block * block, q2)
         dpbuf = _aligned(chunk * block * block, q2)
         dkacc = _aligned(block * d, q2)
         dvacc = _aligned(block * d, q2)
-        dqc = _aligned(chunk * block * d, q2)
-        rowsrc = np.empty(chunk * block, np.int64)
-        # item buffers: q, dO, k, v, dq, dk, dv rows, lse and delta of one item
-        R = item_rows
-        ib = _aligned(7 * R * d, q2).reshape((7, R, d))
-        lq, ldo, lk, lv, ldq, ldk, ldv = ib[0], ib[1], ib[2], ib[3], ib[4], ib[5], ib[6]
+        dqc = _aligned(max(chunk * block, c32) * d, q2)
+        rowsrc = np.empty(max(chunk * block, c32, block), np.int64)
+        roff = np.empty(c32, np.int64)
+        rng = np.empty(c32, np.int64)
+        ib = items_ib[numba.get_thread_id()]
+        iq = 2 if fused else 4  # where the gradients start
+        lq, ldo, ldq = ib[0], ib[1], ib[iq]
+        lk, lv, ldk, ldv = ib[2 % A], ib[3 % A], ib[5 % A], ib[6 % A]  # (_kblock only)
         ll = _aligned(R, q2)
         ldl = np.empty(n, dt)
+        ll2 = np.empty(n if fused else 0, dt)
+        noflags = np.zeros(0, np.uint8)
+        lok = np.empty(n if fused else 0, np.uint32)
         for p in range(P):
             if piece_group[p] != g:
                 continue
-            if item_ptr[p] == item_ptr[p + 1]:
-                for J in range(nb):
-                    _kblock(q2, k2, v2, do2, l1, dl, dq, dk, dv, base, n, p, p, J, scale, qperm,
-                            kperm, col_ptr, col_tile, tile_row, tile_mask, masks, block, chunk,
-                            precise, kc, vc, qc, doc, lc, mbits, dc, sbuf, dpbuf, dkacc, dvacc, dqc,
-                            rowsrc, qstart, qstep, qf, dof, dqf)
-                continue
+            nit = item_ptr[p + 1] - item_ptr[p]
             perm = qperm[p]  # = kperm[p] for a piece with items
-            for it in range(item_ptr[p], item_ptr[p + 1]):
-                b0, b1, o0 = items[it, 0], items[it, 1], items[it, 2]
-                x0 = b0 * block
-                x1 = min(n, b1 * block)
-                # one array at a time (interleaving the four thrashes the L1 sets)
-                for a in range(4):
-                    src = qf if a == 0 else (dof if a == 1 else (kf if a == 2 else vf))
-                    dst = ib[a].reshape(R * d)
+            for u in range(max(nit, 1)):  # the piece's work items, or its whole order
+                # the head's rows, or an item's (one call site per kernel: compiled once)
+                wq, wdo, wdq, wk, wv, wdk, wdv = q2, do2, dq, k2, v2, dk, dv
+                wl1, wl2, wdl, wok, wqnew = l1, l2, dl, ok, qnew
+                wqperm, wkperm, wpp, wstart, wstep = qperm, kperm, p, qstart, qstep
+                wqf, wdof, wdqf = qf, dof, dqf
+                wbase, J0, J1 = base, 0, nb
+                if nit > 0:
+                    it = item_ptr[p] + u
+                    b0, b1, o0 = items[it, 0], items[it, 1], items[it, 2]
+                    x0 = b0 * block
+                    x1 = min(n, b1 * block)
+                    # one array at a time (interleaving them thrashes the L1 sets); fused:
+                    # keys and values are read, dk and dv added, in their rows
+                    for a in range(2 if fused else 4):
+                        src = qf if a == 0 else (dof if a == 1 else (kf if a == 2 else vf))
+                        dst = ib[a].reshape(R * d)
+                        for t in range(o0, o0 + x1 - x0):
+                            x = item_order[t]
+                            _copy(dst, (x - x0) * d, src, (base + perm[x]) * d, d)
                     for t in range(o0, o0 + x1 - x0):
                         x = item_order[t]
-                        _copy(dst, (x - x0) * d, src, (base + perm[x]) * d, d)
-                for t in range(o0, o0 + x1 - x0):
-                    x = item_order[t]
-                    ll[x - x0] = l1[base + perm[x]]
-                    ldl[x] = dl[perm[x]]
-                _zero(ldq.reshape(R * d), 0, (x1 - x0) * d)
-                _zero(ldk.reshape(R * d), 0, (x1 - x0) * d)
-                _zero(ldv.reshape(R * d), 0, (x1 - x0) * d)
-                for J in range(b0, b1):
-                    _kblock(lq, lk, lv, ldo, ll, ldl, ldq, ldk, ldv, -x0, n, p, 0, J, scale,
-                            ident, ident, col_ptr, col_tile, tile_row, tile_mask, masks, block,
-                            chunk, precise, kc, vc, qc, doc, lc, mbits, dc, sbuf, dpbuf, dkacc, dvacc,
-                            dqc, rowsrc, istart, istep, lq.reshape(R * d), ldo.reshape(R * d),
-                            ldq.reshape(R * d))
-                for a in range(3):  # the gradients added to their rows, one array at a time
+                        ll[x - x0] = l1[base + perm[x]]
+                        ldl[x] = dl[perm[x]]
+                    _stats32(ll, -x0, x0, x1, ll2, lok)
+                    _zero(ldq.reshape(R * d), 0, (x1 - x0) * d)
+                    if not fused:
+                        _zero(ldk.reshape(R * d), 0, (x1 - x0) * d)
+                        _zero(ldv.reshape(R * d), 0, (x1 - x0) * d)
+                    wq, wdo, wdq, wbase, J0, J1 = lq, ldo, ldq, -x0, b0, b1
+                    wl1, wl2, wdl, wok, wqnew = ll, ll2, ldl, lok, noflags
+                    wqperm, wpp, wstart, wstep = ident, 0, istart, istep
+                    wqf, wdof, wdqf = lq.reshape(R * d), ldo.reshape(R * d), ldq.reshape(R * d)
+                    if not fused:
+                        wk, wv, wdk, wdv, wkperm = lk, lv, ldk, ldv, ident
+                for J in range(J0, J1):
+                    if fused:
+                        _kblock32(wq, wdo, wdq, wbase, wqperm[wpp], wstep[wpp], wl2, wdl, wok,
+                                  k2, v2, dk, dv, base, kperm[p], n, p, J, scale, col_ptr,
+                                  col_tile, tile_row, tile_mask, masks, ranges, chunk, kc, qc,
+                                  doc, dqc, lc, dc, mbits, sbuf, dpbuf, dkacc, dvacc, roff,
+                                  rowsrc, rng, wqnew, knew)
+                    else:
+                        _kblock(wq, wk, wv, wdo, wl1, wdl, wdq, wdk, wdv, wbase, n, p, wpp, J,
+                                scale, wqperm, wkperm, col_ptr, col_tile, tile_row, tile_mask,
+                                masks, block, chunk, precise, kc, vc, qc, doc, lc, mbits, dc,
+                                sbuf, dpbuf, dkacc, dvacc, dqc, rowsrc, wstart, wstep, wqf,
+                                wdof, wdqf)
+                if nit == 0:
+                    continue
+                for a in range(1 if fused else 3):  # the gradients added to their rows
                     g2 = dq if a == 0 else (dk if a == 1 else dv)
-                    lg = ib[4 + a]
+                    lg = ib[iq + a]
                     for t in range(o0, o0 + x1 - x0):
                         x = item_order[t]
                         grow, lrow = g2[base + perm[x]], lg[x - x0]  # row views: vectorized
-                        for c in range(d):
-                            grow[c] += lrow[c]
-
+                        if a == 0 and fused and qnew[perm[x]]:
+                            qnew[perm[x]] = 0
+                            for c in range(d):
+                                grow[c] = lrow[c]
+                        else:
+                            for c in range(d):
+                                grow[c] += lrow[c]
+        for i in range(qnew.size):  # rows that no tile reaches
+            if qnew[i]:
+                _zero(dqf, (base + i) * d, d)
+            if knew[i]:
+                _zero(dkf, (base + i) * d, d)
+                _zero(dvf, (base + i) * d, d)
 
 
 def _flat(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1, a.shape[-1])
+
+
+_NO_RANGES = np.zeros((1, 32), np.int64)
 
 
 def backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np.ndarray,
@@ -291,7 +572,8 @@ def backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np
     """Gradients ``(dq, dk, dv)`` recomputed from the saved ``lse`` (no ``n x n`` storage).
 
     All arrays C-contiguous, one float dtype; ``lse`` ``(B, H, n)`` as returned
-    by :func:`forward`.
+    by :func:`forward`. ``chunk``: tiles per BLAS product (float64 and the general
+    path); the fused float32 path of 32-token tiles takes ``_CHUNK32``.
 
     Examples
     --------
@@ -307,12 +589,15 @@ def backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np
     dq, dk, dv = (_buffer(q.shape, q.dtype) for _ in range(3))
     col_ptr, col_tile = plan.column_index()
     tile_row = plan.tile_rows()
+    fused = q.dtype == np.float32 and plan.block == 32 and d % 16 == 0
+    ranges = plan.memo("cpu.tile_ranges", lambda: _tile_ranges(plan.masks)) if fused else _NO_RANGES
     with single_threaded_blas(), _threads_for(2.5 * plan.flops(B, H, d)[1]):
         _backward(_flat(q), _flat(k), _flat(v), _flat(o), _flat(do), lse.reshape(-1),
                   _flat(dq), _flat(dk), _flat(dv), B * H, H, q.dtype.type(scale),
                   plan.num_groups, plan.piece_group, plan.qperm, plan.kperm, col_ptr,
-                  col_tile, tile_row, plan.tile_mask, plan.masks, plan.block, int(chunk),
-                  q.dtype == np.float64,
+                  col_tile, tile_row, plan.tile_mask, plan.masks, plan.block,
+                  _CHUNK32 if fused else int(chunk), q.dtype == np.float64, fused, ranges,
                   *plan.memo("cpu.qsteps", lambda: _block_steps(plan.qperm, plan.block)),
-                  *plan.memo("cpu.backward_items", lambda: _backward_items(plan)))
+                  *plan.memo("cpu.backward_items", lambda: _backward_items(plan)),
+                  numba.get_num_threads())
     return dq, dk, dv

@@ -1,0 +1,319 @@
+"""Register-blocked passes of the float32 backward over 32-token tiles, numba
+intrinsics written in LLVM IR (the backward's counterpart of :mod:`._llvm`'s
+:func:`~._llvm._scores32` and :func:`~._llvm._pv32`), which :mod:`._backward` calls
+for every chunk of tiles of a key block.
+
+A chunk is ``m`` query rows (whole tiles of 32) against the block's 32 keys; a row
+``r`` of ``Q``, ``dO`` and ``dQ`` starts at element ``roff[r]`` of its array (rows used
+in place where they lie, or in gather buffers). Three passes, each a product with
+16 vector accumulators, one operand a vector row and the other broadcast element by
+element (no BLAS call):
+
+* :func:`_dscores32`: ``S = Q K^T`` and ``dP = dO V^T`` for 4 queries at a time
+  (``K^T``, ``V^T``: ``d x 32``), then, in registers,
+  ``P = 2**(S alpha - lse)`` (the exponential of :func:`._llvm._emit_exp2`, base-2
+  units as the forward's) and ``dS = scale P (dP - delta)``, 0 where the tile's mask
+  is unset: ``P`` and ``dS`` stored as ``m x 32`` rows;
+* :func:`_dkv32`: ``dV += P^T dO`` or ``dK += dS^T Q`` for 4 keys at a time, each
+  over only the rows of each tile that see one of them (partial tiles);
+* :func:`_dq32`: ``dQ += dS K`` for 4 queries at a time, over only the keys they see,
+  read and written in ``dQ``'s rows.
+
+Which rows and keys of a partial tile those are comes from :func:`_tile_ranges`, once
+per plan.
+
+Each intrinsic emits nothing for an array that is not float32: :mod:`._backward`
+never calls it with one, but numba compiles the float64 kernel's code too. As for
+:mod:`._llvm`: after editing this module, delete the package's ``__pycache__``
+(numba invalidates a cached caller only when its own file changes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from ._llvm import _emit_exp2, _splat
+
+__all__ = ["_dscores32", "_dkv32", "_dq32", "_tile_ranges", "_GROUP"]
+
+_GROUP = 4  # rows per register block: 4 rows x 4 vectors (or 2 x 2 x 4) = 16 accumulators
+_VT = ir.VectorType(ir.FloatType(), 16)
+_I64 = ir.IntType(64)
+
+
+def _tile_ranges(masks: np.ndarray) -> np.ndarray:
+    """What :func:`_dkv32` and :func:`_dq32` skip in the tiles of a 32-token plan
+    (``masks``: its partial masks, ``uint64 (M, 32, W)``): ``int64 (M + 1, 32)``, for
+    each mask (then the full tile, last) entries ``2g, 2g + 1``: the first row that sees
+    one of keys ``4g .. 4g+3`` and one past the last, and entries ``16 + 2g, 17 + 2g``:
+    the first key that one of rows ``4g .. 4g+3`` sees and one past the last (``0, 0``
+    where there is none).
+
+    Examples
+    --------
+    >>> m = np.zeros((1, 32, 1), np.uint64)
+    >>> m[0, 5, 0] = 1 << 9  # row 5 sees key 9 only
+    >>> _tile_ranges(m)[0, 4:6].tolist(), _tile_ranges(m)[0, 18:20].tolist()
+    ([5, 6], [9, 10])
+    """
+    words = (masks[:, :, 0] & np.uint64(0xFFFFFFFF)).astype(np.int64)  # (M, 32 rows)
+    words = np.concatenate([words, np.full((1, 32), 0xFFFFFFFF, np.int64)])
+    g = np.arange(8)
+    # (M + 1, key group, row): the row sees one of the group's keys
+    rows = ((words[:, None, :] >> (4 * g)[None, :, None]) & 0xF) != 0
+    # (M + 1, row group, key): one of the group's rows sees the key
+    bits = np.bitwise_or.reduce(words.reshape(-1, 8, 4), axis=2)
+    keys = ((bits[:, :, None] >> np.arange(32)[None, None, :]) & 1) != 0
+    out = np.zeros((words.shape[0], 32), np.int64)
+    for at, seen in ((0, rows), (16, keys)):
+        anyone = seen.any(-1)
+        out[:, at: at + 16: 2] = np.where(anyone, seen.argmax(-1), 0)
+        out[:, at + 1: at + 16: 2] = np.where(anyone, 32 - seen[..., ::-1].argmax(-1), 0)
+    return out
+
+
+def _f32(context, signature, i) -> bool:
+    return context.get_value_type(signature.args[i].dtype) == ir.FloatType()
+
+
+def _data(context, builder, signature, args, i):
+    return context.make_array(signature.args[i])(context, builder, args[i]).data
+
+
+def _int(context, builder, signature, args, i):
+    """Integer argument ``i`` as an ``int64``."""
+    return context.cast(builder, args[i], signature.args[i], types.int64)
+
+
+def _vec(builder, ptr, off):
+    return builder.bitcast(builder.gep(ptr, [off]), _VT.as_pointer())
+
+
+def _fma(builder):
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VT, [_VT] * 3),
+                                          "llvm.fma.v16f32")
+
+
+def _bcast(builder, ptr, off):
+    """Element ``ptr[off]`` in every lane."""
+    return _splat(builder, builder.load(builder.gep(ptr, [off])), _VT)
+
+
+def _columns(builder, d, body):
+    """``body(c0, W)`` for the columns ``c0 .. c0 + 16 W`` of a row of ``d`` floats:
+    whole groups of 4 vectors, then one vector at a time for the rest (``d`` a
+    multiple of 16; two variants of the loop, not four: each is compiled at every
+    call site)."""
+    whole = builder.sdiv(d, _I64(64))
+    with cgutils.for_range(builder, whole) as cl:
+        body(builder.mul(cl.index, _I64(64)), 4)
+    rest = builder.sdiv(builder.srem(d, _I64(64)), _I64(16))
+    with cgutils.for_range(builder, rest) as cl:
+        body(builder.add(builder.mul(whole, _I64(64)), builder.mul(cl.index, _I64(16))), 1)
+
+
+@intrinsic
+def _dscores32(typingctx, q, do, roff, kt, vt, m, d, alpha, lc, dl, bits, dscale, pbuf,
+               sbuf):  # pragma: no cover - compiled
+    """``P`` and ``dS`` of ``m`` query rows (a multiple of 4) against 32 keys.
+
+    For row ``r`` (``Q`` row at ``q[roff[r]]``, ``dO`` row at ``do[roff[r]]``) and key
+    ``j``: ``s = sum_c q[roff[r] + c] kt[c*32 + j]``, ``dp = sum_c do[roff[r] + c]
+    vt[c*32 + j]``; ``pbuf[r*32 + j] = 2**(alpha s - lc[r])`` and ``sbuf[r*32 + j] =
+    dscale * P * (dp - dl[r])`` where bit ``j`` of ``bits[r]`` is set, else 0 (a masked
+    key, or a row without keys: ``bits[r] = 0``, ``lc[r]`` finite). The exponential is
+    :func:`._llvm._emit_exp2` (NaN stays NaN); the accumulators are 4 rows x 2 vectors
+    x (``S``, ``dP``), and a half of the keys that none of the 4 rows sees is not
+    multiplied."""
+    G = _GROUP
+
+    def codegen(context, builder, signature, args):
+        if not _f32(context, signature, 0):
+            return context.get_dummy_value()
+        qp, dop, rp, ktp, vtp = (_data(context, builder, signature, args, i) for i in range(5))
+        m_, d_ = (_int(context, builder, signature, args, i) for i in (5, 6))
+        al_, ds_ = args[7], args[11]
+        lp, dlp, bp, pp, sp = (_data(context, builder, signature, args, i)
+                               for i in (8, 9, 10, 12, 13))
+        fma = _fma(builder)
+        zero = ir.Constant(_VT, [0.0] * 16)
+
+        def scalar(v, t):
+            v = context.cast(builder, v, t, types.float32)
+            return _splat(builder, v, _VT)
+
+        av = scalar(al_, signature.args[7])
+        dsv = scalar(ds_, signature.args[11])
+        acc = [[[cgutils.alloca_once(builder, _VT) for h in range(2)] for u in range(G)]
+               for w in range(2)]  # [S, dP][row][half]
+        with cgutils.for_range(builder, builder.sdiv(m_, _I64(G))) as gl:
+            r0 = builder.mul(gl.index, _I64(G))
+            rows = [builder.add(r0, _I64(u)) for u in range(G)]
+            offs = [builder.load(builder.gep(rp, [r])) for r in rows]
+            for w in range(2):
+                for u in range(G):
+                    for h in range(2):
+                        builder.store(zero, acc[w][u][h])
+            def products(halves):  # S and dP of the group's rows against those 16 keys
+                with cgutils.for_range(builder, d_) as cl:
+                    c = cl.index
+                    kv = {h: builder.load(_vec(builder, ktp, builder.add(builder.mul(c, _I64(32)),
+                                                                         _I64(16 * h))), align=4)
+                          for h in halves}
+                    vv = {h: builder.load(_vec(builder, vtp, builder.add(builder.mul(c, _I64(32)),
+                                                                         _I64(16 * h))), align=4)
+                          for h in halves}
+                    for u in range(G):
+                        a = _bcast(builder, qp, builder.add(offs[u], c))
+                        b = _bcast(builder, dop, builder.add(offs[u], c))
+                        for h in halves:
+                            builder.store(builder.call(fma, [a, kv[h], builder.load(acc[0][u][h])]),
+                                          acc[0][u][h])
+                            builder.store(builder.call(fma, [b, vv[h], builder.load(acc[1][u][h])]),
+                                          acc[1][u][h])
+
+            # a half of the keys that no row of the group sees (in a partial tile: a
+            # diagonal one, a band's edge) is skipped; its P and dS come out 0 below
+            seen = builder.load(builder.gep(bp, [rows[0]]))
+            for r in rows[1:]:
+                seen = builder.or_(seen, builder.load(builder.gep(bp, [r])))
+            low = builder.icmp_unsigned("!=", builder.and_(seen, ir.Constant(seen.type, 0xFFFF)),
+                                        ir.Constant(seen.type, 0))
+            high = builder.icmp_unsigned("!=", builder.lshr(seen, ir.Constant(seen.type, 16)),
+                                         ir.Constant(seen.type, 0))
+            with builder.if_else(builder.and_(low, high)) as (both, one):
+                with both:
+                    products((0, 1))
+                with one:
+                    with builder.if_else(low) as (lo_only, hi_only):
+                        with lo_only:
+                            products((0,))
+                        with hi_only:
+                            with builder.if_then(high):
+                                products((1,))
+            for u in range(G):
+                r = rows[u]
+                shift = _bcast(builder, lp, r)
+                delta = _bcast(builder, dlp, r)
+                word = builder.load(builder.gep(bp, [r]))
+                for h in range(2):
+                    x = builder.call(fma, [builder.load(acc[0][u][h]), av, builder.fneg(shift)])
+                    p = _emit_exp2(builder, x)
+                    keep = builder.bitcast(builder.trunc(builder.lshr(word, ir.Constant(word.type, 16 * h)),
+                                                         ir.IntType(16)), ir.VectorType(ir.IntType(1), 16))
+                    ds = builder.fmul(builder.fmul(p, dsv), builder.fsub(builder.load(acc[1][u][h]), delta))
+                    off = builder.add(builder.mul(r, _I64(32)), _I64(16 * h))
+                    builder.store(builder.select(keep, p, zero), _vec(builder, pp, off), align=4)
+                    builder.store(builder.select(keep, ds, zero), _vec(builder, sp, off), align=4)
+        return context.get_dummy_value()
+    return types.none(q, do, roff, kt, vt, m, d, alpha, lc, dl, bits, dscale, pbuf, sbuf), codegen
+
+
+@intrinsic
+def _dkv32(typingctx, mat, src, roff, acc, nt, rng, d):  # pragma: no cover - compiled
+    """``acc[j*d + c] += sum_r mat[r*32 + j] * src[roff[r] + c]`` for the 32 keys ``j``
+    of a chunk of ``nt`` tiles (rows ``r = 32 t + i``): ``dV += P^T dO`` or
+    ``dK += dS^T Q``. Keys ``4g .. 4g+3`` take only rows ``rng[t*32 + 2g] <= i <
+    rng[t*32 + 2g + 1]`` of tile ``t`` (the others' ``mat`` entries are 0 there).
+    Accumulators: 4 keys x 4 vectors (64 columns); a ``src`` row is loaded once per
+    key group and each ``mat`` entry broadcast."""
+    G = _GROUP
+
+    def codegen(context, builder, signature, args):
+        if not _f32(context, signature, 0):
+            return context.get_dummy_value()
+        mp, sp, rp, ap = (_data(context, builder, signature, args, i) for i in range(4))
+        nt_, d_ = (_int(context, builder, signature, args, i) for i in (4, 6))
+        gp = _data(context, builder, signature, args, 5)
+        fma = _fma(builder)
+        a = [[cgutils.alloca_once(builder, _VT) for c in range(4)] for u in range(G)]
+        with cgutils.for_range(builder, _I64(32 // G)) as gl:
+            g = gl.index
+            keys = [builder.add(builder.mul(g, _I64(G)), _I64(u)) for u in range(G)]
+
+            def body(c0, W):
+                arows = [builder.add(builder.mul(j, d_), c0) for j in keys]
+                for u in range(G):
+                    for c in range(W):
+                        builder.store(builder.load(_vec(builder, ap, builder.add(arows[u], _I64(16 * c))),
+                                                   align=4), a[u][c])
+                with cgutils.for_range(builder, nt_) as tl:
+                    t32 = builder.mul(tl.index, _I64(32))
+                    lo = builder.load(builder.gep(gp, [builder.add(t32, builder.mul(g, _I64(2)))]))
+                    hi = builder.load(builder.gep(gp, [builder.add(t32, builder.add(builder.mul(g, _I64(2)), _I64(1)))]))
+                    with cgutils.for_range(builder, builder.sub(hi, lo)) as rl:
+                        r = builder.add(t32, builder.add(lo, rl.index))
+                        so = builder.add(builder.load(builder.gep(rp, [r])), c0)
+                        x = [builder.load(_vec(builder, sp, builder.add(so, _I64(16 * c))), align=4)
+                             for c in range(W)]
+                        mrow = builder.add(builder.mul(r, _I64(32)), builder.mul(g, _I64(G)))
+                        for u in range(G):
+                            pu = _bcast(builder, mp, builder.add(mrow, _I64(u)))
+                            for c in range(W):
+                                builder.store(builder.call(fma, [pu, x[c], builder.load(a[u][c])]), a[u][c])
+                for u in range(G):
+                    for c in range(W):
+                        builder.store(builder.load(a[u][c]),
+                                      _vec(builder, ap, builder.add(arows[u], _I64(16 * c))), align=4)
+
+            _columns(builder, d_, body)
+        return context.get_dummy_value()
+    return types.none(mat, src, roff, acc, nt, rng, d), codegen
+
+
+@intrinsic
+def _dq32(typingctx, mat, kv, dst, roff, nt, rng, d):  # pragma: no cover - compiled
+    """``dst[roff[r] + c] += sum_j mat[r*32 + j] * kv[j*d + c]`` for the rows
+    ``r = 32 t + i`` of a chunk of ``nt`` tiles against 32 key rows ``kv``: ``dQ += dS K``.
+    Rows ``4g .. 4g+3`` of tile ``t`` take only keys ``rng[t*32 + 16 + 2g] <= j <
+    rng[t*32 + 17 + 2g]`` (the others' ``mat`` entries are 0); a group that sees no
+    key is not read or written. Accumulators: 4 rows x 4 vectors, loaded from and
+    stored to ``dst``."""
+    G = _GROUP
+
+    def codegen(context, builder, signature, args):
+        if not _f32(context, signature, 0):
+            return context.get_dummy_value()
+        mp, kp, dp, rp = (_data(context, builder, signature, args, i) for i in range(4))
+        nt_, d_ = (_int(context, builder, signature, args, i) for i in (4, 6))
+        gp = _data(context, builder, signature, args, 5)
+        fma = _fma(builder)
+        a = [[cgutils.alloca_once(builder, _VT) for c in range(4)] for u in range(G)]
+        with cgutils.for_range(builder, builder.mul(nt_, _I64(32 // G))) as gl:
+            t = builder.sdiv(gl.index, _I64(32 // G))
+            g = builder.srem(gl.index, _I64(32 // G))
+            at = builder.add(builder.mul(t, _I64(32)), builder.add(_I64(16), builder.mul(g, _I64(2))))
+            lo = builder.load(builder.gep(gp, [at]))
+            hi = builder.load(builder.gep(gp, [builder.add(at, _I64(1))]))
+            r0 = builder.add(builder.mul(t, _I64(32)), builder.mul(g, _I64(G)))
+            rows = [builder.add(r0, _I64(u)) for u in range(G)]
+            with builder.if_then(builder.icmp_signed("<", lo, hi)):
+                offs = [builder.load(builder.gep(rp, [r])) for r in rows]
+
+                def body(c0, W):
+                    drows = [builder.add(o, c0) for o in offs]
+                    for u in range(G):
+                        for c in range(W):
+                            builder.store(builder.load(_vec(builder, dp, builder.add(drows[u], _I64(16 * c))),
+                                                       align=4), a[u][c])
+                    with cgutils.for_range(builder, builder.sub(hi, lo)) as jl:
+                        j = builder.add(lo, jl.index)
+                        ko = builder.add(builder.mul(j, d_), c0)
+                        x = [builder.load(_vec(builder, kp, builder.add(ko, _I64(16 * c))), align=4)
+                             for c in range(W)]
+                        for u in range(G):
+                            su = _bcast(builder, mp, builder.add(builder.mul(rows[u], _I64(32)), j))
+                            for c in range(W):
+                                builder.store(builder.call(fma, [su, x[c], builder.load(a[u][c])]), a[u][c])
+                    for u in range(G):
+                        for c in range(W):
+                            builder.store(builder.load(a[u][c]),
+                                          _vec(builder, dp, builder.add(drows[u], _I64(16 * c))), align=4)
+
+                _columns(builder, d_, body)
+        return context.get_dummy_value()
+    return types.none(mat, kv, dst, roff, nt, rng, d), codegen
+
