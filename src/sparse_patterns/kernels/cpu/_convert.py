@@ -110,39 +110,27 @@ def _narrow16(typingctx, src, dst, off, count, bf):  # pragma: no cover - compil
 
 
 @numba.njit(parallel=True, cache=True)
-def _widen(src, dst, bf):  # pragma: no cover - compiled
+def _convert(src, dst, bf, up):  # pragma: no cover - compiled
+    """``dst`` = ``src`` widened (``up``: 16-bit words to float32) or narrowed, in
+    parallel runs of ``_STEP`` elements, each run's tail through one padded vector."""
     n = src.size
     for u in prange((n + _STEP - 1) // _STEP):
         a = u * _STEP
         m = min(_STEP, n - a)
         body = m - m % _V
-        _widen16(src, dst, a, body, bf)
-        if body < m:  # the tail: through one padded vector
-            pad = np.zeros(_V, src.dtype)
-            out = np.zeros(_V, dst.dtype)
-            for i in range(body, m):
-                pad[i - body] = src[a + i]
-            _widen16(pad, out, 0, _V, bf)
-            for i in range(body, m):
-                dst[a + i] = out[i - body]
-
-
-@numba.njit(parallel=True, cache=True)
-def _narrow(src, dst, bf):  # pragma: no cover - compiled
-    n = src.size
-    for u in prange((n + _STEP - 1) // _STEP):
-        a = u * _STEP
-        m = min(_STEP, n - a)
-        body = m - m % _V
-        _narrow16(src, dst, a, body, bf)
-        if body < m:  # the tail: through one padded vector
-            pad = np.zeros(_V, np.float32)
-            out = np.zeros(_V, dst.dtype)
-            for i in range(body, m):
-                pad[i - body] = src[a + i]
-            _narrow16(pad, out, 0, _V, bf)
-            for i in range(body, m):
-                dst[a + i] = out[i - body]
+        pad = np.zeros(_V, src.dtype)
+        out = np.zeros(_V, dst.dtype)
+        for i in range(body, m):
+            pad[i - body] = src[a + i]
+        for whole in (True, False):
+            x, y, off, count = (src, dst, a, body) if whole else (pad, out, 0, _V)
+            if whole or body < m:
+                if up:
+                    _widen16(x, y, off, count, bf)
+                else:
+                    _narrow16(x, y, off, count, bf)
+        for i in range(body, m):
+            dst[a + i] = out[i - body]
 
 
 def widen(words: np.ndarray, kind: str) -> np.ndarray:
@@ -165,7 +153,7 @@ def widen(words: np.ndarray, kind: str) -> np.ndarray:
     """
     bits = np.ascontiguousarray(words).view(np.uint16)
     out = _buffer(words.shape, np.float32)
-    _widen(bits.reshape(-1), out.reshape(-1), kind == "bfloat16")
+    _convert(bits.reshape(-1), out.reshape(-1), kind == "bfloat16", True)
     return out
 
 
@@ -184,5 +172,5 @@ def narrow(values: np.ndarray, kind: str, out: np.ndarray | None = None) -> np.n
     """
     src = np.ascontiguousarray(values, dtype=np.float32)
     dst = np.empty(src.shape, np.uint16) if out is None else out
-    _narrow(src.reshape(-1), dst.reshape(-1).view(np.uint16), kind == "bfloat16")
+    _convert(src.reshape(-1), dst.reshape(-1).view(np.uint16), kind == "bfloat16", False)
     return dst.view(np.uint16) if out is None else out
