@@ -287,7 +287,9 @@ def _run_cli(args: list[str], cwd: Path, script: str = "") -> tuple[int, str, st
     """Run ``patterns ARGS`` in a fresh interpreter; return (status, stdout, stderr, peak RSS bytes).
 
     The child gets an 8 GB address-space ceiling, so a runaway allocation fails
-    instead of swapping the machine; the peak comes from ``wait4`` for this child alone.
+    instead of swapping the machine. The peak is the child's own ``VmHWM`` at exit
+    (written to a file outside ``cwd``): ``wait4``'s ``ru_maxrss`` would start from the
+    test process's resident size at the fork, which Linux carries across ``exec``.
     """
     import resource
 
@@ -297,7 +299,13 @@ def _run_cli(args: list[str], cwd: Path, script: str = "") -> tuple[int, str, st
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
 
-    code = f"{script}\nfrom sparse_patterns.cli import main\nmain()\n"
+    peak_file = cwd.parent / f"{cwd.name}.peak"
+    code = (f"{script}\nimport atexit\n"
+            f"def _peak():\n"
+            f"    hwm = [x for x in open('/proc/self/status') if x.startswith('VmHWM')]\n"
+            f"    open({str(peak_file)!r}, 'w').write(hwm[0].split()[1])\n"
+            f"atexit.register(_peak)\n"
+            f"from sparse_patterns.cli import main\nmain()\n")
     with open(cwd / "stdout", "w+b") as so, open(cwd / "stderr", "w+b") as se:
         p = subprocess.Popen([sys.executable, "-c", code, *args], cwd=cwd, stdout=so, stderr=se,
                              preexec_fn=limit)
@@ -305,7 +313,8 @@ def _run_cli(args: list[str], cwd: Path, script: str = "") -> tuple[int, str, st
         p.returncode = os.waitstatus_to_exitcode(status)
         so.seek(0)
         se.seek(0)
-        return p.returncode, so.read().decode(), se.read().decode(), usage.ru_maxrss * 1024
+        peak = int(peak_file.read_text()) * 1024 if peak_file.exists() else usage.ru_maxrss * 1024
+        return p.returncode, so.read().decode(), se.read().decode(), peak
 
 
 @pytest.mark.parametrize("args", [
