@@ -398,10 +398,20 @@ def parse_heads(text: str | None) -> list[str | int] | None:
     return out
 
 
-def split_names(ctx_args: list[str]) -> tuple[list[str], list[str]]:
-    """Leading words are pattern names; everything from the first ``--option`` on are parameters."""
+def split_names(ctx_args: list[str], n: str | None,
+                example: str) -> tuple[list[str], list[str], list[int]]:
+    """Pattern names (the leading words, each registered), the parameters (everything
+    from the first ``--option`` on) and the sequence lengths of ``--n`` (required;
+    ``example`` shows its form), for the commands that take several patterns."""
     k = next((i for i, a in enumerate(ctx_args) if a.startswith("--")), len(ctx_args))
-    return ctx_args[:k], ctx_args[k:]
+    names, rest = ctx_args[:k], ctx_args[k:]
+    if not names:
+        raise UsageError(f"patterns: name at least one pattern ({', '.join(sorted(registry.REGISTRY))})")
+    for name in names:
+        registry.get(name)
+    if n is None:
+        raise UsageError(f"n: --n is required (comma-separated integers >= 1, e.g. {example})")
+    return names, rest, parse_ns(n)
 
 
 def parse_list(text: str) -> list[str]:

@@ -29,9 +29,7 @@ from ._cliargs import (
     UsageError,
     int_option,
     parse_list,
-    parse_ns,
     parse_params,
-    registry,
     shown,
     split_names,
 )
@@ -161,14 +159,7 @@ def search_cmd(
     """
     from .search import SearchInterrupted, _plot, search  # noqa: PLC0415 - dask: only here
 
-    names, rest = split_names(list(ctx.args))
-    if not names:
-        raise UsageError(f"patterns: name at least one pattern ({', '.join(sorted(registry.REGISTRY))})")
-    for name in names:
-        registry.get(name)
-    if n is None:
-        raise UsageError("n: --n is required (comma-separated integers >= 1, e.g. 16384,65536)")
-    ns = parse_ns(n)
+    names, rest, ns = split_names(list(ctx.args), n, "16384,65536")
     axes: dict[str, Any] = parse_grid(grid)
     for key, value in parse_params(names, rest).items():
         if key in axes:

@@ -525,14 +525,8 @@ def profile_cmd(
     from .profiling import profile  # noqa: PLC0415
     from .render import check_output  # noqa: PLC0415
 
-    names, rest = split_names(list(ctx.args))
-    if not names:
-        raise UsageError(f"patterns: name at least one pattern ({', '.join(sorted(registry.REGISTRY))})")
-    for name in names:
-        registry.get(name)
-    if n is None:
-        raise UsageError("n: --n is required (comma-separated integers >= 1, e.g. 4096,16384)")
-    ns, params = parse_ns(n), parse_params(names, rest)
+    names, rest, ns = split_names(list(ctx.args), n, "4096,16384")
+    params = parse_params(names, rest)
     out = None if plot is None else check_output(plot)
 
     with Progress(TextColumn("{task.description}"), BarColumn(),
