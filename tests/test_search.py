@@ -192,7 +192,9 @@ def test_interrupted_search_resumes_and_recomputes_nothing(cluster, counter, tmp
     saved = info.value.saved
     assert 3 <= saved < 18 and info.value.cache == str(path) and isinstance(
         info.value, KeyboardInterrupt)
-    assert len(open_cache(path, sps.__version__).rows) == saved  # every finished row is on disk
+    store = open_cache(path, sps.__version__)
+    assert len(store.rows) == saved  # every finished row is on disk
+    store.close()
     _settle(cluster)
     counter.finished.clear()
     counter.seen.clear()
@@ -267,6 +269,43 @@ def test_open_cache_damage(tmp_path):
     assert c.lookup("x", ("verify",), retry_errors=True) is None
     assert c.lookup("x", ("verify", "flops", "time")) is None
     c.close()
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_one_search_at_a_time_writes_a_cache(cluster, tmp_path, suffix):
+    """A second search given a cache another one holds is refused, and nothing of the
+    first one's rows is lost; the lock goes with the first search's close."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    p = tmp_path / f"r{suffix}"
+    v = sps.__version__
+    first = open_cache(p, v)
+    first.add({"key": "k", "status": "ok", "measured": "verify", "n": 4})
+    with pytest.raises(ValueError, match=rf"^cache: .*r{suffix}' is in use by another search "
+                       rf"\(process {os.getpid()}\)"):
+        search("strided", {"stride": 4}, 64, client=cluster[0], cache=p)
+    first.close()
+    assert not (tmp_path / f"r{suffix}.lock").exists()
+    res = search("strided", {"stride": 4}, 64, client=cluster[0], cache=p)
+    assert res.computed == 1 and not (tmp_path / f"r{suffix}.lock").exists()
+    again = open_cache(p, v)
+    assert set(again.rows) == {"k", res.rows[0]["key"]}  # both searches' rows are there
+    again.close()
+    # another process holding it: refused the same way, with its process id
+    code = ("import sys, time; from sparse_patterns.search._cache import open_cache; "
+            f"c = open_cache({str(p)!r}, {v!r}); print('held', flush=True); "
+            "sys.stdin.readline(); c.close()")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        with pytest.raises(ValueError, match=rf"in use by another search \(process {child.pid}\)"):
+            open_cache(p, v)
+    finally:
+        child.communicate("\n", timeout=60)
+    assert child.returncode == 0
+    open_cache(p, v).close()
 
 
 def test_result_views(cluster):

@@ -124,3 +124,17 @@ def test_bad_input_exits_2_with_one_line(args, message):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
     assert r.stdout == ""
+
+
+def test_cache_in_use_exits_2_with_one_line(address, tmp_path):
+    from sparse_patterns import __version__  # noqa: PLC0415
+    from sparse_patterns.search._cache import open_cache  # noqa: PLC0415
+
+    held = open_cache(tmp_path / "r.jsonl", __version__)
+    try:
+        r = run("strided", "--n", "64", "--grid", "stride=4", "--scheduler", address,
+                "--cache", str(tmp_path / "r.jsonl"))
+    finally:
+        held.close()
+    assert r.exit_code == 2, r.output
+    assert r.output.count("\n") == 1 and "is in use by another search" in r.output

@@ -453,7 +453,8 @@ def search(
     ValueError
         An unknown family, mode or measure, a grid name no family takes, a
         value out of range, an empty list, a malformed scheduler address or
-        cache path (before any cluster starts).
+        cache path, or a cache another search is writing (before any cluster
+        starts).
     TypeError
         A grid value of the wrong type (a float for an integer parameter).
     ConnectionError
@@ -496,6 +497,19 @@ def search(
                 "blocks": blocks, "measure": list(measured), "version": __version__, **fixed,
                 **task_kw}
     store = None if cache is None else open_cache(cache, __version__)
+    try:
+        return _search(store, recipes, measured, settings, client, workers, timeout, task_kw,
+                       retries, retry_errors, progress)
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _search(store: Any, recipes: list[dict[str, Any]], measured: tuple[str, ...],
+            settings: dict[str, Any], client: Any, workers: int | None, timeout: float,
+            task_kw: dict[str, Any], retries: int, retry_errors: bool,
+            progress: Callable[[int, int], Any] | None) -> SearchResult:
+    """:func:`search` after its checks, with its cache open (closed by the caller)."""
     notes = list(store.notes) if store is not None else []
     rows: dict[str, dict[str, Any]] = {}
     todo = []
@@ -530,9 +544,6 @@ def search(
     except KeyboardInterrupt:
         raise SearchInterrupted(len(rows), total,
                                 None if store is None else str(store.path)) from None
-    finally:
-        if store is not None:
-            store.close()
     ordered = [rows[recipe_key(rec, __version__)] for rec in recipes]
     return SearchResult(ordered, settings=settings, notes=notes,
                         cache=None if store is None else str(store.path),

@@ -17,6 +17,11 @@ and resumes. The one repair made in place is to a JSON lines file whose last
 line is unfinished (a write interrupted by a kill): that partial line is cut
 off, and its candidate is computed again.
 
+One search at a time writes a cache: :func:`open_cache` holds an exclusive
+lock (``flock``) on ``PATH.lock`` until :meth:`Cache.close`, and a second
+search given the same path is refused with a one-line error instead of
+rewriting the first one's rows away. The lock file is removed on close.
+
 Examples
 --------
 >>> import os, tempfile
@@ -36,6 +41,8 @@ Examples
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import time
@@ -194,6 +201,7 @@ class Cache:
         self._dirty = False
         self._last = 0.0
         self._fh: Any = None
+        self._lock: _Lock | None = None
 
     def lookup(self, key: str, measured: Iterable[str], retry_errors: bool = False
                ) -> dict[str, Any] | None:
@@ -239,12 +247,75 @@ class Cache:
         self._last = time.monotonic()
 
     def close(self) -> None:
-        """Write everything and close the file."""
-        self.flush(force=True)
-        if self._fh is not None:
-            os.fsync(self._fh.fileno())
-            self._fh.close()
-            self._fh = None
+        """Write everything, close the file and let another search have it."""
+        try:
+            self.flush(force=True)
+            if self._fh is not None:
+                os.fsync(self._fh.fileno())
+                self._fh.close()
+                self._fh = None
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+
+
+class _Lock:
+    """An exclusive ``flock`` on ``PATH.lock``, taken without waiting.
+
+    The lock file holds the owner's process id (for the message a second search
+    gets) and is unlinked on release; a lock taken on a file that another
+    process unlinked meanwhile is dropped and taken again on the new file.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path.with_name(path.name + ".lock")
+        self.fd: int | None = None
+        for _ in range(100):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise
+                raise ValueError(f"cache: {str(path)!r} is in use by another search"
+                                 f"{_owner(self.path)}; wait for it to finish or give "
+                                 "another path") from None
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+                self.fd = fd
+                return
+            os.close(fd)  # unlinked by its last owner between our open and our lock
+        raise ValueError(f"cache: could not lock {str(self.path)!r}; give another path")
+
+    def __del__(self) -> None:  # a cache dropped without close() does not keep its lock
+        self.release()
+
+    def release(self) -> None:
+        """Unlink the lock file, then unlock it."""
+        if self.fd is None:
+            return
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        os.close(self.fd)
+        self.fd = None
+
+
+def _owner(lock: Path) -> str:
+    """`` (process N)`` from the lock file's contents, or nothing."""
+    try:
+        text = lock.read_text(encoding="ascii", errors="replace")[:20].strip()
+    except OSError:
+        return ""
+    return f" (process {text})" if text.isdigit() else ""
 
 
 def open_cache(path: str | os.PathLike[str], version: str) -> Cache:
@@ -260,6 +331,20 @@ def open_cache(path: str | os.PathLike[str], version: str) -> Cache:
     fmt = cache_format(path)
     if not path.parent.is_dir():
         raise ValueError(f"cache: directory {str(path.parent)!r} of {str(path)!r} does not exist")
+    if path.is_dir():
+        raise ValueError(f"cache: {str(path)!r} is a directory; give a file path")
+    lock = _Lock(path)
+    try:
+        cache = _open(path, fmt, version)
+    except BaseException:
+        lock.release()
+        raise
+    cache._lock = lock
+    return cache
+
+
+def _open(path: Path, fmt: str, version: str) -> Cache:
+    """The cache at ``path`` or beside it (``open_cache`` without the lock)."""
     notes: list[str] = []
     unusable: tuple[Path, str] | None = None
     for cand in _beside(path, version):
