@@ -13,7 +13,10 @@ verified exactly and planned (``--time``: also the kernel's forward timed):
 3. on the same kind of cluster already started and warmed (the grid alone).
 
 1 and 3 alternate for ``--rounds`` rounds (a shared machine's load moves); the
-target is 3 at most 0.6x the serial time on a 2-core machine. Then the
+target is 3 at most 0.6x the serial time on a 2-core machine. The serial run is
+itself parallel (the plan's chunks on a thread pool, numba's parallel loops): the
+cores it keeps busy on average (CPU time over wall time) are printed with it, and
+``busy / workers`` is the least a cluster of one-thread workers can take of it. Then the
 scheduler's overhead per task: 1,000 no-op tasks through the same cluster, and
 per round the grid's wall x workers minus the tasks' own time, per task. Timings
 are wall clock on whatever machine runs this; compare only figures printed by
@@ -83,12 +86,15 @@ def main() -> None:
     serial_s, warm_s = [], []
     try:
         for k in range(args.rounds):  # A/B interleaved: a shared machine's load moves
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.process_time()
             serial = [run_candidate(r, __version__, measure) for r in recipes]
             serial_s.append(time.perf_counter() - t)
+            busy_serial = (time.process_time() - cpu) / serial_s[-1]
             bad = sum(r["status"] != "ok" for r in serial)
             print(f"round {k + 1}: 1. serial, one process:            {serial_s[-1]:7.2f} s  "
-                  f"({bad} errors)", flush=True)
+                  f"({bad} errors; {busy_serial:.2f} cores busy on average: the planning's "
+                  f"threads and numba's, so {args.workers} one-thread workers can at best take "
+                  f"{min(1.0, busy_serial / args.workers):.2f}x this)", flush=True)
             t = time.perf_counter()
             res = search(fams, g, args.n, measure=measure, client=client)
             warm_s.append(time.perf_counter() - t)
