@@ -115,6 +115,13 @@ def test_strided_is_permuted_and_fixed_keys_compacted():
     assert pl.piece_kind == ("identity", "residue(32)")
     pl = plan(sps.make("fixed", 1024, stride=32, c=4), mode="merged")
     assert pl.piece_kind[0] == "identity" and pl.piece_kind[1].startswith("keys(")
+    # summary keys first: a row's summary columns (c apart in groups) are runs of
+    # consecutive positions, counted and masked as runs; the tiles stay exact
+    for pat, block in ((sps.make("fixed", 1024, stride=32, c=4), 32),
+                       (sps.make("fixed", 600, stride=24, c=5, summary_heads=2), 16)):
+        for mode in ("merged", "multihead"):
+            pl = check_exact(pat, mode, block)
+            assert any(k.startswith("keys(") for k in pl.piece_kind)
 
 
 def random_patterns():

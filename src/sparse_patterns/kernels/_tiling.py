@@ -162,13 +162,18 @@ def piece_rows(starts, ends, idxs, member):  # pragma: no cover - compiled
 @numba.njit(cache=True, nogil=True, inline="always")
 def _run(indices, e, end, kpos, step, block, shift):  # pragma: no cover - compiled
     """``(kp, J, e2)``: the entries ``e .. e2-1`` hold consecutive key positions
-    ``kp, kp + 1, ...`` inside key block ``J`` (one gather per run)."""
+    ``kp, kp + 1, ...`` inside key block ``J`` (one gather per run with a ``step``,
+    one per entry without: an order such as summary keys first puts a row's
+    entries at consecutive positions without a fixed step between their columns)."""
     j = indices[e]
     kp = kpos[j]
     J = (kp >> shift) if shift >= 0 else kp // block
-    if step <= 0:
-        return kp, J, e + 1
     lim = min(end, e + (J + 1) * block - kp)  # the run cannot leave block J
+    if step <= 0:
+        e2 = e + 1
+        while e2 < lim and kpos[indices[e2]] == kp + (e2 - e):
+            e2 += 1
+        return kp, J, e2
     if step == 1 and indices[lim - 1] - j == lim - 1 - e:
         return kp, J, lim  # sorted unique columns: a span equal to the count is a run
     e2 = e + 1
