@@ -130,6 +130,34 @@ def test_work_items_copy_each_of_their_rows_once_in_run_order():
         check(pat, "merged", dtype, H=2, d=8, B=1, block=block)
 
 
+def test_keys_that_every_work_item_sees_are_reordered_once_not_copied_per_item():
+    """A gathered piece whose work items each span no more than twice their queries
+    in keys, but all the same keys (fixed's summary keys): one reordering of its
+    used key rows per call instead of a copy per item, which an item spanning its
+    own keys (a residue order) keeps; both give the oracle's result."""
+    from sparse_patterns.kernels.cpu._schedule import _LOCAL_ROWS, _forward_steps, _item_span
+
+    for pat, want in ((sps.make("fixed", 2048, stride=128, c=16), "keys("),
+                      (sps.make("strided", 2048, stride=64), "residue(")):
+        pl = plan(pat, mode="merged", block=32)
+        nb = pl.nb
+        steps = {pl.piece_kind[st[0]]: st for st in _forward_steps(pl, 8)}
+        (kind,) = [k for k in steps if k.startswith(want)]
+        p, span, items, reorder = steps[kind][0], steps[kind][3], steps[kind][4], steps[kind][5]
+        ptr = pl.tile_ptr[p * nb: (p + 1) * nb + 1]
+        cols = pl.tile_col[ptr[0]: ptr[-1]]
+        used = int(cols.max()) + 1
+        per_item = max(8, -(-_LOCAL_ROWS // 32))  # blocks of a gathered piece's items
+        spans = _item_span(ptr, pl.tile_col, per_item)
+        assert spans <= 2 * per_item  # not the span test: the count of items decides
+        if want == "keys(":
+            assert -(-nb // per_item) * spans > 2 * used
+            assert reorder == (0, min(pl.n, used * 32)) and span == 0 and items == 8
+        else:
+            assert reorder is None and span == spans and items == per_item
+        check(pat, "merged", np.float32, H=2, d=16, block=32, B=1)
+
+
 @pytest.mark.parametrize(
     "name, n, params, block, d",
     [
@@ -258,6 +286,75 @@ def test_exp32_matches_the_vectorized_loop_bit_for_bit(avx512, monkeypatch):
         x = st - np.repeat(cmax[None, :], nk, 0).reshape(-1)  # the float32 difference
     np.testing.assert_allclose(a[finite], np.exp2(x[finite].astype(np.float64)),
                                rtol=3e-7, atol=1e-37)
+
+
+def test_scores32_skips_only_query_halves_that_no_key_of_a_group_sees():
+    """The fused score pass against NumPy on tiles whose masks leave, per group of 8
+    keys, both 16-query halves, only the low one, only the high one, or neither
+    visible (the pass computes only the visible halves): every score is
+    ``alpha K Q^T`` where its bit is set and ``-inf`` elsewhere, full tiles unmasked,
+    the column max over the visible scores; a NaN key in a visible half stays NaN."""
+    import numba
+
+    from sparse_patterns.kernels.cpu._llvm import _scores32
+
+    @numba.njit
+    def run(k, koff, qt, st, ntile, d, alpha, tmask, t0, maskt, cmax):
+        _scores32(k, koff, qt, st, ntile, d, alpha, tmask, t0, maskt, cmax)
+
+    rng = np.random.default_rng(11)
+    d, ntile, koff = 48, 3, 5
+    low, high = np.uint32(0x0000FFFF), np.uint32(0xFFFF0000)
+    words = np.zeros((2, 32), np.uint32)  # 2 masks, the query bits of each key
+    words[0, 0:8] = rng.integers(1, 2**32, 8, dtype=np.uint32)  # both halves (random)
+    words[0, 8:16] = rng.integers(1, 2**16, 8, dtype=np.uint32) & low  # low half only
+    words[0, 16:24] = (rng.integers(1, 2**16, 8, dtype=np.uint32) << np.uint32(16)) & high
+    words[0, 27] = np.uint32(1) << np.uint32(31)  # keys 24..31: one bit, high half
+    words[1] = np.tril(np.ones((32, 32), bool), -1).astype(np.uint32).T.dot(
+        np.uint32(1) << np.arange(32, dtype=np.uint32)).astype(np.uint32)  # key c: r > c
+    words[1, 8:16] = 0  # a group that sees nothing
+    maskt = np.concatenate([words.reshape(-1), np.full(32, 0xFFFFFFFF, np.uint32)])
+    tmask = np.array([7, 0, -1, 1], np.int32)  # t0 = 1: tiles with masks 0, full, 1
+    k = rng.standard_normal(koff + ntile * 32 * d).astype(np.float32)
+    k[koff + (2 * 32 + 20) * d + 3] = np.nan  # tile 2 (mask 1), key 20: seen by r > 20
+    qt = rng.standard_normal(d * 32).astype(np.float32)
+    st = np.full(ntile * 32 * 32, 7.0, np.float32)
+    cmax = np.full(32, -np.inf, np.float32)
+    cmax[5] = 50.0
+    alpha = 0.3
+    run(k, koff, qt, st, ntile, d, alpha, tmask, 1, maskt, cmax)
+    kk = k[koff:].reshape(ntile * 32, d).astype(np.float64)
+    want = alpha * kk @ qt.reshape(d, 32).astype(np.float64)  # (keys, queries)
+    bits = np.ones((ntile * 32, 32), bool)
+    for t, m in enumerate(tmask[1:]):
+        if m >= 0:
+            w = maskt[m * 32: m * 32 + 32]
+            bits[t * 32: t * 32 + 32] = (w[:, None] >> np.arange(32, dtype=np.uint32)) & 1 == 1
+    want[~bits] = -np.inf
+    got = st.reshape(ntile * 32, 32)
+    assert np.isnan(got[2 * 32 + 20, 21:]).all() and not np.isnan(got[2 * 32 + 20, :21]).any()
+    np.testing.assert_array_equal(np.isneginf(got), ~bits)
+    ok = bits & ~np.isnan(want)
+    np.testing.assert_allclose(got[ok], want[ok], rtol=1e-5, atol=1e-5)
+    col = np.where(ok, want, -np.inf).max(axis=0)
+    col[5] = max(col[5], 50.0)
+    clean = np.arange(32) <= 20  # columns that no NaN score reaches
+    np.testing.assert_allclose(cmax[clean], col[clean], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "name, n, params",
+    [
+        ("local", 300, {"window": 20}),  # band tiles: one half of a key group masked
+        ("local", 300, {"window": 45}),
+        ("strided", 1000, {"stride": 40}),
+        ("fixed", 512, {"stride": 64, "c": 8}),
+    ],
+)
+def test_fused_scores_on_band_and_diagonal_tiles_match_the_oracle(name, n, params):
+    """32-token float32 tiles cut by a band or a diagonal (whose corners the score
+    pass leaves out) give the dense oracle's output and log-sum-exp."""
+    check(sps.make(name, n, **params), "merged", np.float32, H=2, d=64, block=32, B=1)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

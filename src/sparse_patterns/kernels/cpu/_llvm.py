@@ -43,7 +43,8 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 __all__ = [
-    "_FM", "_LOG2E", "_AVX512", "_AVX512_BF16", "_bf16_dot", "_EXP2_POLY", "_wide", "_copy", "_copy_nt", "_zero",
+    "_FM", "_LOG2E", "_AVX512", "_AVX512_BF16", "_bf16_dot", "_EXP2_POLY", "_wide", "_copy", "_copy_nt",
+    "_zero",
     "_bits_to_f32", "_exp2f", "_transpose16", "_exp32", "_exp_rows32", "_pv32", "_scores32",
 ]
 
@@ -460,7 +461,10 @@ def _scores32(typingctx, k, koff, qt, st, ntile, d, alpha, tmask, t0, maskt,
     ``d x 32``), accumulated for 8 keys x 32 queries in 16 vector registers; ``-inf``
     where tile ``t``'s transposed mask (bit ``r`` of ``maskt[tmask[t0 + t]*32 + key]``)
     is unset, ``tmask < 0`` meaning a full tile (no mask applied); ``cmax[r]`` = max
-    of itself and column ``r``, one ``vmaxps`` per vector. Unlike
+    of itself and column ``r``, one ``vmaxps`` per vector. In a partial tile, the
+    products of a group of 8 keys with a half of the queries (16) that none of those
+    keys is seen by are skipped (a diagonal or band tile's corners: a quarter of a
+    triangle's tile; the strided forward at n = 16,384 about 1.5% faster, A/B). Unlike
     :func:`_softmax_cols`, a NaN score need not leave a NaN max (``vmaxps`` keeps the
     later operand): the row still ends NaN, as the NaN score's exponential is NaN.
     """
@@ -498,17 +502,40 @@ def _scores32(typingctx, k, koff, qt, st, ntile, d, alpha, tmask, t0, maskt,
                 for jj in range(_KEYS):
                     for h in range(2):
                         builder.store(ir.Constant(vt, [0.0] * 16), acc[jj][h])
-                with cgutils.for_range(builder, d_) as cl:
-                    qrow = builder.mul(cl.index, i64(32))
-                    q = [builder.load(vec(qp, builder.add(qrow, i64(16 * h))), align=4)
-                         for h in range(2)]
-                    for jj in range(_KEYS):
-                        row = builder.mul(builder.add(jb, i64(jj)), d_)
-                        kv = builder.load(builder.gep(kp, [builder.add(koff_, builder.add(row, cl.index))]))
-                        kv = _splat(builder, kv, vt)
-                        for h in range(2):
-                            builder.store(builder.call(fma, [kv, q[h], builder.load(acc[jj][h])]),
-                                          acc[jj][h])
+
+                def products(halves, jb=jb):  # the d-loop for the query halves given
+                    with cgutils.for_range(builder, d_) as cl:
+                        qrow = builder.mul(cl.index, i64(32))
+                        q = {h: builder.load(vec(qp, builder.add(qrow, i64(16 * h))), align=4)
+                             for h in halves}
+                        for jj in range(_KEYS):
+                            row = builder.mul(builder.add(jb, i64(jj)), d_)
+                            kv = builder.load(builder.gep(kp, [builder.add(koff_, builder.add(row, cl.index))]))
+                            kv = _splat(builder, kv, vt)
+                            for h in halves:
+                                builder.store(builder.call(fma, [kv, q[h], builder.load(acc[jj][h])]),
+                                              acc[jj][h])
+
+                # a half (16 queries) that none of the 8 keys is seen by in a partial tile
+                # (a diagonal tile's corner) is not computed: its scores are all masked
+                seen = None
+                for jj in range(_KEYS):
+                    w = builder.load(builder.gep(mp, [builder.add(mbase, i64(g * _KEYS + jj))]))
+                    seen = w if seen is None else builder.or_(seen, w)
+                wt = seen.type
+                half = [builder.or_(full, builder.icmp_unsigned("!=", builder.and_(seen, ir.Constant(wt, m)),
+                                                                ir.Constant(wt, 0)))
+                        for m in (0xFFFF, 0xFFFF0000)]
+                with builder.if_else(builder.and_(half[0], half[1])) as (both, one):
+                    with both:
+                        products((0, 1))
+                    with one:
+                        with builder.if_else(half[0]) as (low, high):
+                            with low:
+                                products((0,))
+                            with high:
+                                with builder.if_then(half[1]):
+                                    products((1,))
                 def finish(masked, g=g, jb=jb):  # scale, mask (partial tiles only), max, store
                     for jj in range(_KEYS):
                         row = builder.mul(builder.add(jb, i64(jj)), i64(32))
