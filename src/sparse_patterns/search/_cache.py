@@ -325,7 +325,8 @@ def open_cache(path: str | os.PathLike[str], version: str) -> Cache:
     ------
     ValueError
         An unknown suffix, a missing directory, a path that is a directory, a
-        file above the load limit, or a hundred unusable files beside it.
+        file above the load limit, a hundred unusable files beside it, or a
+        cache another search holds (its lock, ``PATH.lock``).
     """
     path = Path(os.fspath(path))
     fmt = cache_format(path)
