@@ -350,7 +350,8 @@ def test_ctrl_c_while_the_command_starts_exits_130(tmp_path):
         from sparse_patterns.cli import main
         sys.exit(main())
     """))
-    res = subprocess.run([sys.executable, str(script), "list"], capture_output=True, text=True)
+    res = subprocess.run([sys.executable, str(script), "list"], capture_output=True, text=True,
+                         preexec_fn=_default_signals)
     assert (res.returncode, res.stdout, res.stderr) == (130, "", "")
 
 
@@ -384,9 +385,17 @@ main()
 """
 
 
+def _default_signals() -> None:
+    """In the child: SIGINT, SIGTERM and SIGHUP back to their defaults. A test run started
+    by `nohup` or as a background job inherits them ignored (and so would its children),
+    which is the user's choice for a real command, not what these tests send signals to."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _kill_while_writing(code: str, args: list[str], sig: int) -> tuple[int, str]:
     p = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True, preexec_fn=_default_signals)
     try:
         assert p.stderr.readline() == "ready\n"
         p.send_signal(sig)
