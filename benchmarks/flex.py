@@ -34,6 +34,7 @@ import time
 
 import numpy as np
 import torch
+from kernel import best  # benchmarks/kernel.py: the best of `repeats` timed calls
 from torch.nn.attention.flex_attention import flex_attention
 
 import sparse_patterns as sps
@@ -44,15 +45,6 @@ from sparse_patterns.kernels.flex import flex_attention_plan
 __all__: list[str] = []
 
 B, H, D, BLOCK = 1, 8, 64, 128
-
-
-def best(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def make(name: str, n: int):

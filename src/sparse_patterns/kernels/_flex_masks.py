@@ -56,8 +56,9 @@ BYTES_LIMIT = 1 << 26
 
 
 # --------------------------------------------------------------------- tiles
-def tile_layouts(plan: ExecutionPlan, p: int) -> np.ndarray:
-    """int32 ``(nb, nb)``: 0 no tile, 1 full tile, ``2 + m`` partial tile with mask ``m``.
+def tile_layouts(plan: ExecutionPlan, p: int, columns: int | None = None) -> np.ndarray:
+    """int32 ``(nb, nb)``: 0 no tile, 1 full tile, ``2 + m`` partial tile with mask ``m``
+    (``columns`` >= ``nb``: that many columns, the ones past ``nb`` 0).
 
     Examples
     --------
@@ -68,7 +69,7 @@ def tile_layouts(plan: ExecutionPlan, p: int) -> np.ndarray:
     """
     nb = plan.nb
     t = plan.tiles(p)  # (T, 3): I, J, mask or -1
-    out = np.zeros((nb, nb), dtype=np.int32)
+    out = np.zeros((nb, nb if columns is None else columns), dtype=np.int32)
     out[t[:, 0], t[:, 1]] = np.where(t[:, 2] < 0, 1, t[:, 2] + 2)
     return out
 
@@ -250,8 +251,7 @@ def _build(plan: ExecutionPlan, p: int, device: Any, mask: str, pattern: Pattern
     nbk = nb + 1 if anchor else nb
     check_fits(f"block: the BlockMask of piece {p} at n={n:,} with {nb:,} blocks a side",
                nb * nbk * (4 + 2 + 8 * (4 if with_q else 2)), "a larger block")
-    table = np.zeros((nb, nbk), dtype=np.int32)
-    table[:, :nb] = tile_layouts(plan, p)
+    table = tile_layouts(plan, p, nbk)
     full = table == 1
     partial = table >= 2
     if anchor:

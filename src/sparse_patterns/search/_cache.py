@@ -332,8 +332,6 @@ def open_cache(path: str | os.PathLike[str], version: str) -> Cache:
     fmt = cache_format(path)
     if not path.parent.is_dir():
         raise ValueError(f"cache: directory {str(path.parent)!r} of {str(path)!r} does not exist")
-    if path.is_dir():
-        raise ValueError(f"cache: {str(path)!r} is a directory; give a file path")
     lock = _Lock(path)
     try:
         cache = _open(path, fmt, version)
