@@ -357,21 +357,29 @@ def test_fused_scores_on_band_and_diagonal_tiles_match_the_oracle(name, n, param
     check(sps.make(name, n, **params), "merged", np.float32, H=2, d=64, block=32, B=1)
 
 
+@pytest.mark.parametrize("dense", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("d", [16, 48, 64, 80, 128])
-def test_pv32_against_numpy(d, dtype):
+def test_pv32_against_numpy(d, dtype, dense):
     """The query-major ``O = diag(post) (diag(alpha) O + P V)`` of the fused path:
     each group of 4 queries adds exactly the key rows ``lo[g] .. hi[g]`` (an empty
     range, one row and the whole chunk included), for ``d`` of whole and partial
-    4-vector column blocks, ``O`` at an offset into a larger array, in place or
-    written to another array."""
+    column blocks (4 vectors; 2 in the 8-query blocks of ``_pv32_dense``), ``O`` at an
+    offset into a larger array, in place or written to another array. ``_pv32`` reads
+    no ``P`` outside a group's range; ``_pv32_dense`` may, where ``P`` is 0 (the
+    union of two groups' ranges), so its ``P`` is 0 there, as masked keys' are."""
     import numba
 
-    from sparse_patterns.kernels.cpu._llvm import _pv32
+    from sparse_patterns.kernels.cpu._llvm import _pv32, _pv32_dense
 
-    @numba.njit
-    def run(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff):
-        _pv32(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff)
+    if dense:
+        @numba.njit
+        def run(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff):
+            _pv32_dense(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff)
+    else:
+        @numba.njit
+        def run(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff):
+            _pv32(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff)
 
     rng = np.random.default_rng(d)
     nk, koff, ooff = 96, 3 * d, 2 * d + 16
@@ -384,12 +392,14 @@ def test_pv32_against_numpy(d, dtype):
     post[:8] = 1.0
     lo = np.array([0, 10, 40, 95, 7, 0, 50, 20], np.int64)
     hi = np.array([96, 11, 40, 96, 60, 33, 90, 21], np.int64)
-    out = obuf.copy()
-    run(va, koff, st, out, ooff, alpha, post, lo, hi, d, out, ooff)  # in place
-    P = st.reshape(nk, 32).T.astype(np.float64)  # queries x keys
     keep = np.zeros((32, nk), bool)
     for g in range(8):
         keep[4 * g: 4 * g + 4, lo[g]: hi[g]] = True
+    if dense:
+        st = np.where(keep.T, st.reshape(nk, 32), 0).astype(dtype).ravel()
+    out = obuf.copy()
+    run(va, koff, st, out, ooff, alpha, post, lo, hi, d, out, ooff)  # in place
+    P = st.reshape(nk, 32).T.astype(np.float64)  # queries x keys
     V = va[koff: koff + nk * d].reshape(nk, d).astype(np.float64)
     O = obuf[ooff: ooff + 32 * d].reshape(32, d)
     want = post[:, None] * (O * alpha[:, None] + np.where(keep, P, 0.0) @ V)
