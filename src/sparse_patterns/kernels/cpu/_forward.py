@@ -17,6 +17,9 @@ softmax state into buffers of its own, one array at a time in
 the order of a per-plan schedule (:func:`._schedule._copy_orders`: runs of grid rows,
 class by class); if a work item's keys span much more than its queries (summary keys
 put first), the used key blocks are put in the piece's order once per call instead.
+Two consecutive pieces of a group with the same query order that copy nothing (fixed's
+blocks and its summary keys) run block by block in one pass (:func:`_forward_pair`),
+so that a block's state passes from one to the other in the cache.
 Nothing of size ``n x n`` is ever allocated.
 
 The row max (measured, A/B in one process): a float max reduction is not vectorized
@@ -464,6 +467,48 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last
 
 
 
+@numba.njit(parallel=True, cache=True, fastmath=_FM)
+def _forward_pair(q1, ka, va, kb, vb, o1, m1, l1, BH, H, d, scale, G, g, pa, pb, first, last,
+                  qperm, kpa, kta, ksa, kpb, ktb, ksb, tile_ptr, tile_col, tile_mask, masks,
+                  maskt, grows, fused, block, chunk, seg, precise, T):  # pragma: no cover - compiled
+    """Pieces ``pa`` then ``pb`` of softmax group ``g``, one after the other on each
+    query block, for two pieces with the same query order that copy nothing (keys
+    ``ka, va`` with ``kpa, kta, ksa`` as :func:`_forward_piece` takes them, and
+    ``kb, vb``...): what two :func:`_forward_piece` calls compute, but a block's
+    state (its rows of ``o1``, ``m1``, ``l1``) goes from one piece to the next while
+    still in the cache, and is not written to memory and read back a whole call later.
+    ``first``: ``pa`` starts the group; ``last``: ``pb`` ends it."""
+    _wide()
+    n = m1.shape[0] // BH
+    nb = (n + block - 1) // block
+    nseg = (nb + seg - 1) // seg
+    wq = _aligned(T * 2 * block * d, q1).reshape((T, 2, block * d))
+    wkv = _aligned(T * 2 * chunk * block * d, q1).reshape((T, 2, chunk * block * d))
+    ws = _aligned(T * block * chunk * block, q1).reshape((T, block * chunk * block))
+    wr = _aligned(T * 6 * block, q1).reshape((T, 6, block))
+    wi = np.empty((T, block), np.int64)
+    for w in prange(BH * nseg):
+        bh = w // nseg
+        if (bh % H) % G != g:
+            continue
+        tid = numba.get_thread_id()
+        qbuf, obuf = wq[tid, 0], wq[tid, 1]
+        kbuf, vbuf = wkv[tid, 0], wkv[tid, 1]
+        sbuf = ws[tid]
+        mrow, lrow, cmax, msub, csum, alpha = wr[tid, 0], wr[tid, 1], wr[tid, 2], wr[tid, 3], wr[tid, 4], wr[tid, 5]
+        I0 = (w % nseg) * seg
+        base = bh * n
+        for I in range(I0, min(nb, I0 + seg)):
+            _qblock(q1, ka, va, o1, m1, l1, base, base, n, d, pa, I, scale, first, False,
+                    qperm[pa], kpa, kta, ksa, tile_ptr, tile_col, tile_mask, masks, maskt, grows,
+                    fused, block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
+                    msub, csum, alpha, wi[tid])
+            _qblock(q1, kb, vb, o1, m1, l1, base, base, n, d, pb, I, scale, False, last,
+                    qperm[pb], kpb, ktb, ksb, tile_ptr, tile_col, tile_mask, masks, maskt, grows,
+                    fused, block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
+                    msub, csum, alpha, wi[tid])
+
+
 def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
     """``q1, k1, v1, o1``: flattened ``(B*H*n*d,)``; ``m1``: ``(B*H*n,)`` (becomes the
     log-sum-exp); head ``h`` uses group ``h % G``. The pieces of a group continue one
@@ -483,8 +528,10 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
     fused = block == 32 and not precise
     maskt = plan.memo("cpu.masks_t", lambda: _masks_t(plan)) if fused else _NO_MASKS
     grows = plan.memo("cpu.group_rows", lambda: _group_rows(maskt)) if fused else _NO_ROWS
-    for (p, first, last, span, items, reorder, kt, ks, kperm_used,
-         copies) in plan.memo(("cpu.forward", seg), lambda: _forward_steps(plan, seg)):
+    steps = plan.memo(("cpu.forward", seg), lambda: _forward_steps(plan, seg))
+    pending = None  # a piece held back to run together with the next one (_forward_pair)
+    for x, (p, first, last, span, items, reorder, kt, ks, kperm_used,
+            copies) in enumerate(steps):
         kq, vq = k1, v1
         if reorder is not None:  # the used key blocks put in the piece's order
             if kp1 is None:  # one buffer pair reused by the pieces
@@ -497,11 +544,24 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
                 _permute_rows(k1, plan.kperm, p, BH, rows, d, kp1)
                 _permute_rows(v1, plan.kperm, p, BH, rows, d, vp1)
             kq, vq = kp1, vp1
+        if pending is not None:
+            a, ka, va = pending
+            pending = None
+            _forward_pair(q1, ka, va, kq, vq, o1, m1, l1, BH, H, d, scale, G, groups[p], a[0], p,
+                          a[1], last, plan.qperm, a[8], a[6], a[7], kperm_used, kt, ks,
+                          plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks, maskt, grows,
+                          fused, block, chunk, items, precise, numba.get_num_threads())
+            continue
+        nxt = steps[x + 1] if x + 1 < len(steps) else None
+        if (nxt is not None and span == 0 and nxt[3] == 0 and not last and nxt[4] == items
+                and (reorder is None or nxt[5] is None)
+                and groups[nxt[0]] == groups[p] and np.array_equal(plan.qperm[p], plan.qperm[nxt[0]])):
+            pending = (steps[x], kq, vq)
+            continue
         _forward_piece(q1, kq, vq, o1, m1, l1, BH, H, d, scale, G, groups[p], p, first,
                        last, plan.qperm, kperm_used, kt, ks, span, copies, plan.tile_ptr,
                        plan.tile_col, plan.tile_mask, plan.masks, maskt, grows, fused, block,
                        chunk, items, precise, numba.get_num_threads())
-
 
 
 def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,
