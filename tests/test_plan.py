@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import numpy as np
@@ -258,3 +259,17 @@ def test_mask_table_maps_every_tile_to_its_own_mask(limit):
             if m >= 0:
                 assert (got[i] == masks[m]).all()
     assert table.array(2).shape[0] <= (4 if limit >= 4 else 30)
+
+
+@pytest.mark.parametrize("threads, want", [("1", 1), ("3", 3), ("16", 4)])
+def test_planning_threads_follow_numba_threads(threads, want):
+    """A process given ``NUMBA_NUM_THREADS`` threads (a search's worker: one) builds its
+    plans with as many threads, at most 4."""
+    import subprocess
+    import sys
+
+    code = "from sparse_patterns.kernels.planning import planning_threads; print(planning_threads())"
+    env = {**os.environ, "NUMBA_NUM_THREADS": threads}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.split() == [str(want)]

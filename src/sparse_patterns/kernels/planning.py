@@ -16,7 +16,6 @@ structure.
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
@@ -345,6 +344,23 @@ def _kind_str(kind: tuple) -> str:
     return kind[0] if len(kind) == 1 else f"{kind[0]}({kind[1]})"
 
 
+def planning_threads() -> int:
+    """Threads that build a plan's chunks: numba's configured thread count (the
+    ``NUMBA_NUM_THREADS`` environment variable, else the CPU count), at most 4.
+
+    A process given one thread (a search's dask worker, ``NUMBA_NUM_THREADS=1``)
+    plans with one thread too, instead of contending with its neighbours for cores.
+
+    Examples
+    --------
+    >>> 1 <= planning_threads() <= 4
+    True
+    """
+    import numba  # noqa: PLC0415 - numba.config reads the environment, starts no thread
+
+    return max(1, min(4, int(numba.config.NUMBA_NUM_THREADS)))
+
+
 def _build(pattern: Pattern, block: int, mode: str) -> ExecutionPlan:
     n = pattern.n
     nb = -(-n // block)
@@ -354,7 +370,7 @@ def _build(pattern: Pattern, block: int, mode: str) -> ExecutionPlan:
     computed = np.zeros(G, dtype=np.int64)
     kept, counts, cols, mask_idx = [], [], [], []
     table = MaskTable()
-    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+    with ThreadPoolExecutor(max_workers=planning_threads()) as pool:
         for pc in parts_of:
             parts = piece_tiles(pattern, pc, block, chunk, pool)
             pairs = sum(part[5] for part in parts)
