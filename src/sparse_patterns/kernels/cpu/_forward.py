@@ -472,12 +472,12 @@ def _forward_pair(q1, ka, va, kb, vb, o1, m1, l1, BH, H, d, scale, G, g, pa, pb,
                   qperm, kpa, kta, ksa, kpb, ktb, ksb, tile_ptr, tile_col, tile_mask, masks,
                   maskt, grows, fused, block, chunk, seg, precise, T):  # pragma: no cover - compiled
     """Pieces ``pa`` then ``pb`` of softmax group ``g``, one after the other on each
-    query block, for two pieces with the same query order that copy nothing (keys
-    ``ka, va`` with ``kpa, kta, ksa`` as :func:`_forward_piece` takes them, and
-    ``kb, vb``...): what two :func:`_forward_piece` calls compute, but a block's
-    state (its rows of ``o1``, ``m1``, ``l1``) goes from one piece to the next while
-    still in the cache, and is not written to memory and read back a whole call later.
-    ``first``: ``pa`` starts the group; ``last``: ``pb`` ends it."""
+    query block, for two pieces with the same query order that copy nothing: what two
+    :func:`_forward_piece` calls compute, but a block's state (its rows of ``o1``,
+    ``m1``, ``l1``) goes from one piece to the next while still in the cache, instead
+    of through memory a whole call later. ``pa`` reads keys and values ``ka, va`` (its
+    ``kperm_used, kstart, kstep``: ``kpa, kta, ksa``), ``pb`` reads ``kb, vb`` (``kpb,
+    ktb, ksb``); ``first``: ``pa`` starts the group; ``last``: ``pb`` ends it."""
     _wide()
     n = m1.shape[0] // BH
     nb = (n + block - 1) // block
@@ -555,7 +555,9 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
         nxt = steps[x + 1] if x + 1 < len(steps) else None
         if (nxt is not None and span == 0 and nxt[3] == 0 and not last and nxt[4] == items
                 and (reorder is None or nxt[5] is None)
-                and groups[nxt[0]] == groups[p] and np.array_equal(plan.qperm[p], plan.qperm[nxt[0]])):
+                and groups[nxt[0]] == groups[p]
+                and plan.memo(("cpu.same_queries", p, nxt[0]),
+                              lambda a=p, b=nxt[0]: np.array_equal(plan.qperm[a], plan.qperm[b]))):
             pending = (steps[x], kq, vq)
             continue
         _forward_piece(q1, kq, vq, o1, m1, l1, BH, H, d, scale, G, groups[p], p, first,
