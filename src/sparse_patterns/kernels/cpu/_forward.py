@@ -367,6 +367,29 @@ def _permute_residue(x1, s, BH, n, d, out1):  # pragma: no cover - compiled
                     _copy(out1, dst, x1, src, d)
 
 
+@numba.njit(cache=True)
+def _thread_buffers(T, block, chunk, d, like):  # pragma: no cover - compiled
+    """The buffers of :func:`_qblock` for each of ``T`` threads, allocated once per
+    call (not per work item), on cache lines: queries and output rows, keys and values
+    of a chunk, its scores, six row vectors and the row offsets."""
+    wq = _aligned(T * 2 * block * d, like).reshape((T, 2, block * d))
+    wkv = _aligned(T * 2 * chunk * block * d, like).reshape((T, 2, chunk * block * d))
+    ws = _aligned(T * block * chunk * block, like).reshape((T, block * chunk * block))
+    wr = _aligned(T * 6 * block, like).reshape((T, 6, block))
+    wi = np.empty((T, block), np.int64)
+    return wq, wkv, ws, wr, wi
+
+
+@numba.njit(cache=True, inline="always")
+def _views(bufs, tid):  # pragma: no cover - compiled
+    """Thread ``tid``'s buffers from :func:`_thread_buffers`, in :func:`_qblock`'s
+    argument order: ``qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha,
+    roff``."""
+    wq, wkv, ws, wr, wi = bufs
+    return (wq[tid, 0], wkv[tid, 0], wkv[tid, 1], ws[tid], wq[tid, 1], wr[tid, 0], wr[tid, 1],
+            wr[tid, 2], wr[tid, 3], wr[tid, 4], wr[tid, 5], wi[tid])
+
+
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
 def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last, qperm,
                    kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col, tile_mask, masks,
@@ -386,13 +409,9 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last
     local = np.arange(n, dtype=kperm_used.dtype)
     lstart = np.arange(nb, dtype=kstart.dtype) * block
     lstep = np.ones(nb, dtype=kstep.dtype)
-    # buffers per thread (``T`` threads), allocated once, not per work item
-    # on cache lines; each thread's slices too where block is a multiple of 16 (the default 32)
-    wq = _aligned(T * 2 * block * d, q1).reshape((T, 2, block * d))
-    wkv = _aligned(T * 2 * chunk * block * d, q1).reshape((T, 2, chunk * block * d))
-    ws = _aligned(T * block * chunk * block, q1).reshape((T, block * chunk * block))
-    wr = _aligned(T * 6 * block, q1).reshape((T, 6, block))
-    wi = np.empty((T, block), np.int64)
+    # buffers per thread (``T`` threads), allocated once, not per work item, on cache
+    # lines; each thread's slices too where block is a multiple of 16 (the default 32)
+    bufs = _thread_buffers(T, block, chunk, d, q1)
     nkl = span * block if span > 0 else 0
     nql = seg * block if span > 0 else 0
     wkl = _aligned(T * 2 * nkl * d, q1).reshape((T, 2, nkl * d))
@@ -408,10 +427,7 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last
         if (bh % H) % G != g:
             continue
         tid = numba.get_thread_id()
-        qbuf, obuf = wq[tid, 0], wq[tid, 1]
-        kbuf, vbuf = wkv[tid, 0], wkv[tid, 1]
-        sbuf = ws[tid]
-        mrow, lrow, cmax, msub, csum, alpha = wr[tid, 0], wr[tid, 1], wr[tid, 2], wr[tid, 3], wr[tid, 4], wr[tid, 5]
+        qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff = _views(bufs, tid)
         I0 = (w % nseg) * seg
         I1 = min(nb, I0 + seg)
         base = bh * n
@@ -447,7 +463,7 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last
                         local, local, lstart, lstep, tile_ptr, tile_col, tile_mask, masks,
                         maskt, grows, fused,
                         block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
-                        msub, csum, alpha, wi[tid])
+                        msub, csum, alpha, roff)
             for t in range(qptr[it], qptr[it + 1]):
                 y = qorder[t]
                 i = base + qp[y]
@@ -463,7 +479,7 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last
                         qperm[p], kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks,
                         maskt, grows, fused,
                         block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
-                        msub, csum, alpha, wi[tid])
+                        msub, csum, alpha, roff)
 
 
 
@@ -482,31 +498,20 @@ def _forward_pair(q1, ka, va, kb, vb, o1, m1, l1, BH, H, d, scale, G, g, pa, pb,
     n = m1.shape[0] // BH
     nb = (n + block - 1) // block
     nseg = (nb + seg - 1) // seg
-    wq = _aligned(T * 2 * block * d, q1).reshape((T, 2, block * d))
-    wkv = _aligned(T * 2 * chunk * block * d, q1).reshape((T, 2, chunk * block * d))
-    ws = _aligned(T * block * chunk * block, q1).reshape((T, block * chunk * block))
-    wr = _aligned(T * 6 * block, q1).reshape((T, 6, block))
-    wi = np.empty((T, block), np.int64)
+    bufs = _thread_buffers(T, block, chunk, d, q1)
     for w in prange(BH * nseg):
         bh = w // nseg
         if (bh % H) % G != g:
             continue
-        tid = numba.get_thread_id()
-        qbuf, obuf = wq[tid, 0], wq[tid, 1]
-        kbuf, vbuf = wkv[tid, 0], wkv[tid, 1]
-        sbuf = ws[tid]
-        mrow, lrow, cmax, msub, csum, alpha = wr[tid, 0], wr[tid, 1], wr[tid, 2], wr[tid, 3], wr[tid, 4], wr[tid, 5]
-        I0 = (w % nseg) * seg
+        own = _views(bufs, numba.get_thread_id())
         base = bh * n
-        for I in range(I0, min(nb, I0 + seg)):
+        for I in range((w % nseg) * seg, min(nb, (w % nseg + 1) * seg)):
             _qblock(q1, ka, va, o1, m1, l1, base, base, n, d, pa, I, scale, first, False,
                     qperm[pa], kpa, kta, ksa, tile_ptr, tile_col, tile_mask, masks, maskt, grows,
-                    fused, block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
-                    msub, csum, alpha, wi[tid])
+                    fused, block, chunk, precise, *own)
             _qblock(q1, kb, vb, o1, m1, l1, base, base, n, d, pb, I, scale, False, last,
                     qperm[pb], kpb, ktb, ksb, tile_ptr, tile_col, tile_mask, masks, maskt, grows,
-                    fused, block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
-                    msub, csum, alpha, wi[tid])
+                    fused, block, chunk, precise, *own)
 
 
 def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
