@@ -357,12 +357,14 @@ def test_fused_scores_on_band_and_diagonal_tiles_match_the_oracle(name, n, param
     check(sps.make(name, n, **params), "merged", np.float32, H=2, d=64, block=32, B=1)
 
 
+@pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n, params", [(1500, {"stride": 64, "c": 16}), (1200, {"stride": 48, "c": 16})])
-def test_two_pieces_in_one_query_order_run_as_a_pair(n, params, dtype, monkeypatch):
+def test_two_pieces_in_one_query_order_run_as_a_pair(n, params, dtype, reverse, monkeypatch):
     """fixed's two pieces (its blocks in natural order; the summary keys, reordered once
     per call) read the same query rows: they run block by block in one pass (``_forward_pair``, no
-    ``_forward_piece``), which gives the dense oracle's output and log-sum-exp."""
+    ``_forward_piece``), which gives the dense oracle's output and log-sum-exp; also with
+    its heads swapped, where the first piece of the pair is the reordered one."""
     from sparse_patterns.kernels.cpu import _forward as fw
 
     calls = {"pair": 0, "piece": 0}
@@ -376,8 +378,10 @@ def test_two_pieces_in_one_query_order_run_as_a_pair(n, params, dtype, monkeypat
     monkeypatch.setattr(fw, "_forward_pair", spy("pair", fw._forward_pair))
     monkeypatch.setattr(fw, "_forward_piece", spy("piece", fw._forward_piece))
     pat = sps.make("fixed", n, **params)
-    assert [k.split("(")[0] for k in plan(pat, mode="merged", block=32).piece_kind] == [
-        "identity", "keys"]
+    if reverse:
+        pat = pat.with_heads(pat.heads[::-1])
+    kinds = [k.split("(")[0] for k in plan(pat, mode="merged", block=32).piece_kind]
+    assert kinds[0] == "keys" if reverse else kinds == ["identity", "keys"]
     check(pat, "merged", dtype, H=2, d=64, block=32, B=1)
     assert calls == {"pair": 1, "piece": 0}
 
