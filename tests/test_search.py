@@ -195,6 +195,7 @@ def test_interrupted_search_resumes_and_recomputes_nothing(cluster, counter, tmp
     store = open_cache(path, sps.__version__)
     assert len(store.rows) == saved  # every finished row is on disk
     store.close()
+    del info  # its traceback's frames may hold futures, which keep their tasks on the scheduler
     _settle(cluster)
     counter.finished.clear()
     counter.seen.clear()
