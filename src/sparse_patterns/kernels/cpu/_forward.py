@@ -207,10 +207,13 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last,
         c1 = min(t1, c0 + chunk)
         J0 = tile_col[c0]
         run = kstep[J0] == 1
+        dense = tile_mask[c0] < 0  # whole tiles only: _pv32_dense's 8-query blocks apply
         for t in range(c0 + 1, c1):
             J = tile_col[t]
             if J != J0 + (t - c0) or kstep[J] != 1 or kstart[J] != kstart[J0] + (J - J0) * block:
                 run = False
+            if tile_mask[t] >= 0:
+                dense = False
         if run:  # contiguous key rows, used in place
             ka, va, koff = k1, v1, (kbase + kstart[J0]) * d
             nk = min(n, (J0 + c1 - c0) * block) - J0 * block
@@ -273,11 +276,7 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last,
                 post[r] = 1.0
                 if final and lrow[r] != 0.0:
                     post[r] = 1.0 / lrow[r]
-            dense = True  # whole tiles only: 8-query blocks read each value row half as often
-            for t in range(c0, c1):
-                if tile_mask[t] >= 0:
-                    dense = False
-            if dense:
+            if dense:  # 8-query blocks read each value row half as often
                 _pv32_dense(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)  # in place
             else:
                 _pv32(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)
@@ -533,10 +532,9 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
     fused = block == 32 and not precise
     maskt = plan.memo("cpu.masks_t", lambda: _masks_t(plan)) if fused else _NO_MASKS
     grows = plan.memo("cpu.group_rows", lambda: _group_rows(maskt)) if fused else _NO_ROWS
-    steps = plan.memo(("cpu.forward", seg), lambda: _forward_steps(plan, seg))
     pending = None  # a piece held back to run together with the next one (_forward_pair)
-    for x, (p, first, last, span, items, reorder, kt, ks, kperm_used,
-            copies) in enumerate(steps):
+    for (p, first, last, span, items, reorder, kt, ks, kperm_used, copies,
+         pair) in plan.memo(("cpu.forward", seg), lambda: _forward_steps(plan, seg)):
         kq, vq = k1, v1
         if reorder is not None:  # the used key blocks put in the piece's order
             if kp1 is None:  # one buffer pair reused by the pieces
@@ -549,21 +547,16 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
                 _permute_rows(k1, plan.kperm, p, BH, rows, d, kp1)
                 _permute_rows(v1, plan.kperm, p, BH, rows, d, vp1)
             kq, vq = kp1, vp1
+        if pair:
+            pending = (p, first, kperm_used, kt, ks, kq, vq)
+            continue
         if pending is not None:
-            a, ka, va = pending
+            pa, pfirst, kpa, kta, ksa, ka, va = pending
             pending = None
-            _forward_pair(q1, ka, va, kq, vq, o1, m1, l1, BH, H, d, scale, G, groups[p], a[0], p,
-                          a[1], last, plan.qperm, a[8], a[6], a[7], kperm_used, kt, ks,
+            _forward_pair(q1, ka, va, kq, vq, o1, m1, l1, BH, H, d, scale, G, groups[p], pa, p,
+                          pfirst, last, plan.qperm, kpa, kta, ksa, kperm_used, kt, ks,
                           plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks, maskt, grows,
                           fused, block, chunk, items, precise, numba.get_num_threads())
-            continue
-        nxt = steps[x + 1] if x + 1 < len(steps) else None
-        if (nxt is not None and span == 0 and nxt[3] == 0 and not last and nxt[4] == items
-                and (reorder is None or nxt[5] is None)
-                and groups[nxt[0]] == groups[p]
-                and plan.memo(("cpu.same_queries", p, nxt[0]),
-                              lambda a=p, b=nxt[0]: np.array_equal(plan.qperm[a], plan.qperm[b]))):
-            pending = (steps[x], kq, vq)
             continue
         _forward_piece(q1, kq, vq, o1, m1, l1, BH, H, d, scale, G, groups[p], p, first,
                        last, plan.qperm, kperm_used, kt, ks, span, copies, plan.tile_ptr,

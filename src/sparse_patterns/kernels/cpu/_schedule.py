@@ -145,7 +145,8 @@ def _forward_steps(plan, seg: int) -> list[tuple]:
     copies the rows it needs (``span`` > 0: the key blocks one item spans) or, if
     that would copy much more than it uses, ``reorder`` says how the used key blocks
     are put in the piece's order once per call: ``(s, rows)``, ``s`` > 0 for a
-    ``residue(s)`` order, else ``kperm`` row by row."""
+    ``residue(s)`` order, else ``kperm`` row by row. ``pair``: the piece runs together
+    with the next one, block by block (:func:`._forward._forward_pair`)."""
     n, nb, block = plan.n, plan.nb, plan.block
     tile_ptr, tile_col, kperm = plan.tile_ptr, plan.tile_col, plan.kperm
     groups = [int(g) for g in plan.piece_group]
@@ -175,9 +176,21 @@ def _forward_steps(plan, seg: int) -> list[tuple]:
                 kperm_used = np.arange(n, dtype=kperm.dtype)
         copies = (_copy_orders(plan, p, items, kperm_used, int(residue[p])) if span > 0
                   else _NO_COPIES)
-        steps.append((p, p == same[0], p == same[-1], span, items, reorder,
-                      np.ascontiguousarray(kt), np.ascontiguousarray(ks), kperm_used, copies))
-    return steps
+        steps.append([p, p == same[0], p == same[-1], span, items, reorder,
+                      np.ascontiguousarray(kt), np.ascontiguousarray(ks), kperm_used, copies,
+                      False])
+    # two consecutive pieces of a group with one query order that copy nothing (at most one
+    # of them reordered: they share the reorder buffer) run block by block as a pair
+    x = 0
+    while x + 1 < len(steps):
+        a, b = steps[x], steps[x + 1]
+        if (a[3] == 0 and b[3] == 0 and a[4] == b[4] and not a[2] and groups[a[0]] == groups[b[0]]
+                and (a[5] is None or b[5] is None)
+                and np.array_equal(plan.qperm[a[0]], plan.qperm[b[0]])):
+            a[10] = True
+            x += 1
+        x += 1
+    return [tuple(st) for st in steps]
 
 
 _NO_MASKS = np.zeros(0, np.uint32)
