@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 import sparse_patterns as sps  # noqa: E402
 from sparse_patterns.kernels import attention, attention_backward  # noqa: E402
-from sparse_patterns.kernels.cpu import fma_peak  # noqa: E402
+from sparse_patterns.kernels.cpu import _llvm, bf16_applies, fma_peak  # noqa: E402
 from sparse_patterns.kernels.cpu._convert import narrow, widen  # noqa: E402
 from sparse_patterns.torch import SparseAttention  # noqa: E402
 
@@ -78,30 +78,69 @@ CASES = [("strided", {"stride": 8}), ("fixed", {"stride": 8, "c": 2}),
          ("local", {"window": 12}), ("bigbird", {"block": 8, "random_blocks": 2})]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+needs_bf16_products = pytest.mark.skipif(not _llvm._AVX512_BF16,
+                                         reason="the CPU has no AVX512_BF16")
+#: how bf16 inputs are computed: widened to float32, or on bf16 products
+BF16_PATHS = ["widen", pytest.param("products", marks=needs_bf16_products)]
+
+
+@pytest.mark.parametrize(("dtype", "path"), [
+    (torch.bfloat16, "widen"), pytest.param(torch.bfloat16, "products", marks=needs_bf16_products),
+    (torch.float16, "widen")])
 @pytest.mark.parametrize("mode", ["multihead", "merged"])
 @pytest.mark.parametrize(("name", "params"), CASES)
-def test_forward_and_gradients_within_the_stated_bounds(dtype, mode, name, params):
+def test_forward_and_gradients_within_the_stated_bounds(dtype, path, mode, name, params,
+                                                        monkeypatch):
     """Against float64 autograd through dense masked attention on the same (rounded)
     input values: each element of the output and of ``dv`` within its rounding (half an
     ulp of its dtype) of the exact value, plus 1e-5 of the largest (float32
-    arithmetic); ``dq`` and ``dk`` also carry the output's rounding, through
+    arithmetic), plus, on bf16 products, the probabilities' rounding to bf16 (2**-9 of
+    the largest ``|v|``); ``dq`` and ``dk`` also carry the output's rounding, through
     ``rowsum(dO * O)``: within 4 ulps at 1 of their largest element."""
+    monkeypatch.setenv("SPARSE_PATTERNS_BF16", path)
     pat = sps.make(name, 96, **params)
     g = torch.Generator().manual_seed(3)
     q, k, v, do = (torch.randn(2, 3, 96, 32, generator=g).to(dtype) for _ in range(4))
+    assert bf16_applies(sps.plan(pat, mode=mode), 32) == (path == "products")
     x64 = [t.double().requires_grad_() for t in (q, k, v)]
     ref = dense_attention(*x64, pat, mode)
     ref_grads = torch.autograd.grad(ref, x64, do.double())
     out, lse = attention(q, k, v, pat, mode=mode, return_lse=True)
     grads = attention_backward(q, k, v, out, lse, do, pat, mode=mode)
     through_o = 8 * ROUNDING[dtype]
-    for got, want, floor in zip((out, *grads), (ref, *ref_grads), (1e-5, through_o, through_o, 1e-5),
-                                strict=True):
+    products = 2.0**-9 * v.double().abs().max() if path == "products" else 0.0
+    for got, want, floor, extra in zip((out, *grads), (ref, *ref_grads),
+                                       (1e-5, through_o, through_o, 1e-5),
+                                       (products, 0.0, 0.0, 0.0), strict=True):
         assert got.dtype == dtype
         want = want.detach()
-        bound = ROUNDING[dtype] * want.abs() + floor * want.abs().max()
+        bound = ROUNDING[dtype] * want.abs() + floor * want.abs().max() + extra
         assert ((got.double() - want).abs() <= bound).all()
+
+
+@needs_bf16_products
+@pytest.mark.parametrize("mode", ["multihead", "merged"])
+@pytest.mark.parametrize(("name", "params"), [
+    ("strided", {"stride": 64}), ("fixed", {"stride": 128, "c": 16}), ("local", {"window": 100}),
+    ("bigbird", {"block": 32, "random_blocks": 2})])
+def test_bf16_products_against_the_oracle(name, params, mode, monkeypatch):
+    """bf16 products on patterns long enough for every way the forward moves key rows
+    (residue pieces copied per work item, summary keys reordered once per call, pieces
+    run as a pair, chunks gathered from scattered key blocks): the output within the
+    stated bound of float64 attention on the same values, and the log-sum-exp within
+    float32 rounding (the scores are exact bf16 products summed in float32)."""
+    monkeypatch.setenv("SPARSE_PATTERNS_BF16", "products")
+    n = 2048
+    pat = sps.make(name, n, **params)
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, n, 64, generator=g).to(torch.bfloat16) for _ in range(3))
+    out, lse = attention(q, k, v, pat, mode=mode, return_lse=True)
+    ref = attention(*(t.double() for t in (q, k, v)), pat, mode=mode, impl="reference",
+                    return_lse=True)
+    want = ref[0]
+    bound = 2.0**-8 * want.abs() + 2.0**-9 * v.double().abs().max() + 1e-5 * want.abs().max()
+    assert ((out.double() - want).abs() <= bound).all()
+    torch.testing.assert_close(lse.double(), ref[1], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["torch bfloat16", "numpy float16"])
@@ -129,9 +168,12 @@ def test_half_outputs_in_recycled_arrays_stay_the_callers(kind):
     assert (third == again).all() and third.dtype == again.dtype
 
 
-def test_bf16_nan_and_inf_propagate():
+@pytest.mark.parametrize("path", BF16_PATHS)
+def test_bf16_nan_and_inf_propagate(path, monkeypatch):
+    monkeypatch.setenv("SPARSE_PATTERNS_BF16", path)
     pat = sps.make("strided", 64, stride=8)
-    q, k, v = (torch.randn(1, 2, 64, 16).to(torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(1, 2, 64, 32).to(torch.bfloat16) for _ in range(3))
+    assert bf16_applies(sps.plan(pat, mode="multihead"), 32) == (path == "products")
     q[0, 1, 9, 3] = float("nan")
     v[0, 0, 40, 2] = float("inf")
     out = SparseAttention(pat)(q, k, v)
@@ -180,7 +222,7 @@ def test_fma_peak_arguments():
 
 
 def test_bf16_peak_uses_vdpbf16ps_where_the_cpu_has_it():
-    from sparse_patterns.kernels.cpu import _llvm, _peak
+    from sparse_patterns.kernels.cpu import _peak
 
     assert _peak._kind("bfloat16") == int(_llvm._AVX512_BF16)
     assert _peak._kind("float32") == 0
@@ -189,7 +231,8 @@ def test_bf16_peak_uses_vdpbf16ps_where_the_cpu_has_it():
 def test_fallback_without_avx512_bf16(tmp_path):
     """On a CPU without AVX512_BF16 (numba told to compile for this CPU's features
     less that one, in a fresh numba cache): the conversions still round like torch,
-    bf16 attention is as accurate, and the bf16 peak is the float32 one."""
+    bf16 attention is widened to float32 even where bf16 products are asked for, as
+    accurate, and the bf16 peak is the float32 one."""
     code = textwrap.dedent("""
         import numpy as np, torch, sparse_patterns as sps
         from sparse_patterns.kernels import attention
@@ -201,7 +244,9 @@ def test_fallback_without_avx512_bf16(tmp_path):
         want = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
         assert np.array_equal(narrow(x, "bfloat16"), want)
         pat = sps.make("strided", 64, stride=8)
-        q = torch.randn(1, 2, 64, 16).to(torch.bfloat16)
+        q = torch.randn(1, 2, 64, 32).to(torch.bfloat16)
+        from sparse_patterns.kernels.cpu import bf16_applies
+        assert not bf16_applies(sps.plan(pat), 32)  # even asked for products: widened
         out = attention(q, q, q, pat).double()
         ref = attention(q.double(), q.double(), q.double(), pat)
         assert ((out - ref).abs() <= 2.0**-8 * ref.abs() + 1e-5).all()
@@ -213,7 +258,7 @@ def test_fallback_without_avx512_bf16(tmp_path):
 
     features = llvm.get_host_cpu_features().flatten().replace("+avx512bf16", "-avx512bf16")
     env = dict(os.environ, NUMBA_CPU_NAME=llvm.get_host_cpu_name(), NUMBA_CPU_FEATURES=features,
-               NUMBA_CACHE_DIR=str(tmp_path))
+               NUMBA_CACHE_DIR=str(tmp_path), SPARSE_PATTERNS_BF16="products")
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]

@@ -52,9 +52,14 @@ def _numba_forward(q, k, v, pattern, *, mode="multihead", scale=None, return_lse
     from . import cpu
 
     _, pl = resolve(pattern, mode, block)
-    x = HostArrays({"q": q, "k": k, "v": v}, pl.n)
-    a = x.np
-    o, lse = cpu.forward(a["q"], a["k"], a["v"], pl, scale=check_scale(scale, x.shape[3]))
+    x = HostArrays({"q": q, "k": k, "v": v}, pl.n, widen_half=False)
+    s = check_scale(scale, x.shape[3])
+    if x.dtype_name == "bfloat16" and cpu.bf16_applies(pl, x.shape[3]):  # bf16 products
+        w = x.words
+        o, lse = cpu.forward_bf16(w["q"], w["k"], w["v"], pl, scale=s)
+    else:
+        a = x.widen()
+        o, lse = cpu.forward(a["q"], a["k"], a["v"], pl, scale=s)
     return (x.out(o), x.out(lse, lse=True)) if return_lse else x.out(o)
 
 

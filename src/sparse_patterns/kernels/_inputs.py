@@ -108,7 +108,8 @@ class HostArrays:
     ``arrays`` maps ``q, k, v`` (and ``o, lse, do`` for a backward) to NumPy
     arrays or CPU torch tensors of one kind and one float dtype, shaped
     ``(B, H, n, d)`` (``lse``: ``(B, H, n)``) with ``n`` the plan's. float16 and
-    bfloat16 are computed in float32.
+    bfloat16 are computed in float32 (``widen_half=False``: their words are kept, in
+    ``words`` and ``np``, until :meth:`widen`).
 
     Examples
     --------
@@ -118,7 +119,7 @@ class HostArrays:
     (dtype('float32'), (1, 1, 4, 2), dtype('float16'))
     """
 
-    def __init__(self, arrays: dict[str, Any], n: int | None):
+    def __init__(self, arrays: dict[str, Any], n: int | None, *, widen_half: bool = True):
         self.torch = None
         kinds = {name: _host_kind(a) for name, a in arrays.items()}
         if len(set(kinds.values())) > 1:
@@ -153,19 +154,33 @@ class HostArrays:
                     )
             self.torch_dtype = q.dtype
             cdt = torch.float64 if self.compute is np.float64 else torch.float32
-            self.np = {name: (widen(a.detach().contiguous().view(torch.int16).numpy(),
-                                       self.dtype_name)
+            self.np = {name: (a.detach().contiguous().view(torch.int16).numpy()
                               if self.dtype_name in HALF_KINDS and name != "lse"
                               else np.ascontiguousarray(a.detach().to(cdt).numpy()))
                        for name, a in arrays.items()}
         else:
             self.np = {
-                name: (widen(np.ascontiguousarray(a), self.dtype_name)
-                       if self.dtype_name in HALF_KINDS and name != "lse"
+                name: (np.ascontiguousarray(a) if self.dtype_name in HALF_KINDS and name != "lse"
                        else np.ascontiguousarray(np.asarray(a), dtype=self.compute))
                 for name, a in arrays.items()
             }
         self.shape = shape
+        # a half dtype's 16-bit words (int16 or float16 arrays), ``self.np`` until widened
+        self.words = None
+        self._widened = self.dtype_name not in HALF_KINDS
+        if not self._widened:
+            self.words = {name: a for name, a in self.np.items() if name != "lse"}
+            if widen_half:
+                self.widen()
+
+    def widen(self) -> dict[str, np.ndarray]:
+        """``self.np``, a half dtype's words widened to float32 first (one vector pass,
+        :func:`widen`) where ``widen_half=False`` left them as they came."""
+        if not self._widened:
+            self.np = {name: widen(self.words[name], self.dtype_name) if name in self.words
+                       else a for name, a in self.np.items()}
+            self._widened = True
+        return self.np
 
     def out(self, a: np.ndarray, *, lse: bool = False) -> Any:
         """Back to the caller's kind; outputs in the input dtype, ``lse`` in the compute dtype."""

@@ -34,8 +34,9 @@ from __future__ import annotations
 
 from ._backward import backward
 from ._blas import single_threaded_blas
-from ._forward import forward
+from ._forward import BF16_MODES, bf16_applies, forward, forward_bf16
 from ._peak import fma_peak
 from ._pool import release_workspace
 
-__all__ = ["forward", "backward", "release_workspace", "single_threaded_blas", "fma_peak"]
+__all__ = ["forward", "forward_bf16", "bf16_applies", "BF16_MODES", "backward",
+           "release_workspace", "single_threaded_blas", "fma_peak"]

@@ -32,6 +32,7 @@ fused 32-token tile passes and the row moves are :mod:`._llvm`'s; the matrix pro
 from __future__ import annotations
 
 import math
+import os
 
 import numba
 import numpy as np
@@ -40,23 +41,30 @@ from numba.np.linalg import ensure_blas
 
 from ._blas import _N, _T, _gemm, _threads_for, single_threaded_blas
 from ._llvm import (
+    _AVX512_BF16,
     _FM,
     _LOG2E,
     _copy,
     _copy_nt,
     _exp2f,
     _exp32,
+    _exp32_bf16,
+    _pair_rows,
     _pv32,
+    _pv32_bf16,
     _pv32_dense,
+    _pv32_dense_bf16,
     _scores32,
+    _scores32_bf16,
     _transpose16,
     _wide,
     _zero,
 )
+from ._peak import fma_peak
 from ._pool import _aligned, _buffer
 from ._schedule import _CHUNK, _NO_MASKS, _NO_ROWS, _forward_steps, _group_rows, _masks_t
 
-__all__ = ["forward"]
+__all__ = ["forward", "forward_bf16", "bf16_applies", "BF16_MODES"]
 
 
 # --------------------------------------------------------------------- row helpers
@@ -139,13 +147,19 @@ def _exp_rows(x, rows, precise):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, fastmath=_FM)
-def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last, qmap, kperm_used,
-            kstart, kstep, tile_ptr, tile_col, tile_mask, masks, maskt, grows, fused, block, chunk,
-            precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff):  # pragma: no cover - compiled
+def _qblock(q1, k1, v1, vi1, o1, m1, l1, base, kbase, n, d, dw, bf, p, I, scale, first, last, qmap,
+            kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks, maskt, grows, fused,
+            block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum,
+            alpha, roff):  # pragma: no cover - compiled
     """Query block ``I`` of piece ``p`` for one (batch, head): continues the online
     softmax of its queries over chunks of tiles. Position ``x`` of the piece's order
     is row ``base + qmap[x]`` of ``q1`` and of the state, and its key and value row
-    ``kbase + kperm_used[x]``. Between pieces of one softmax group the state of each
+    ``kbase + kperm_used[x]``. A row of ``q1, k1, v1`` is ``dw`` elements: ``d``, or
+    with ``bf`` (bf16 inputs, :func:`_forward_bf16`) ``d / 2`` float32 words each
+    holding two bf16; then ``vi1`` holds the values interleaved by pairs of rows
+    (:func:`_pair_all`), read where a chunk's keys are used in place, while ``v1``'s
+    rows are paired here where they are copied (for floats ``vi1`` is ``v1``). Every
+    chunk of a bf16 block is whole 32-token tiles (see :func:`bf16_applies`). Between pieces of one softmax group the state of each
     token lives in ``m1`` (running max), ``l1`` (running sum) and ``o1`` (unnormalized output);
     the ``first`` piece of a group starts it, the ``last`` one normalizes ``o1`` into the
     output in place, ``m1`` becoming the log-sum-exp."""
@@ -194,9 +208,9 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last,
     if t0 < t1:  # Q^T (d x rows): the score product is then a fast NN gemm
         if rows % 16 == 0 and d % 16 == 0:
             for r in range(rows):
-                roff[r] = (base + qmap[x0 + r]) * d
+                roff[r] = (base + qmap[x0 + r]) * dw
             for r0 in range(0, rows, 16):
-                for c0 in range(0, d, 16):
+                for c0 in range(0, dw, 16):
                     _transpose16(q1, roff, r0, c0, qbuf, c0 * rows + r0, rows)
         else:
             for r in range(rows):
@@ -215,7 +229,7 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last,
             if tile_mask[t] >= 0:
                 dense = False
         if run:  # contiguous key rows, used in place
-            ka, va, koff = k1, v1, (kbase + kstart[J0]) * d
+            ka, va, koff = k1, vi1, (kbase + kstart[J0]) * dw
             nk = min(n, (J0 + c1 - c0) * block) - J0 * block
         else:
             nk = 0
@@ -223,9 +237,16 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last,
                 J = tile_col[t]
                 cols = min(block, n - J * block)
                 for x in range(cols):
-                    src = (kbase + kperm_used[J * block + x]) * d
-                    _copy(kbuf, (nk + x) * d, k1, src, d)
-                    _copy(vbuf, (nk + x) * d, v1, src, d)
+                    src = (kbase + kperm_used[J * block + x]) * dw
+                    _copy(kbuf, (nk + x) * dw, k1, src, dw)
+                    if not bf:
+                        _copy(vbuf, (nk + x) * d, v1, src, d)
+                    elif x % 2 == 0:  # a pair of value rows: as paired in vi1, else paired here
+                        nxt = kperm_used[J * block + x + 1]
+                        if nxt == kperm_used[J * block + x] + 1 and (kbase + nxt) % 2 == 1:
+                            _copy(vbuf, (nk + x) * dw, vi1, src, d)
+                        else:
+                            _pair_rows(vbuf, (nk + x) * dw, v1, src, (kbase + nxt) * dw, dw)
                 nk += cols
             ka, va, koff = kbuf, vbuf, 0
         # scores, transposed: st (nk keys x rows queries, row-major) = scale K Q^T
@@ -234,8 +255,14 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last,
         if whole:
             for r in range(rows):
                 cmax[r] = mrow[r]
-            _scores32(ka, koff, qbuf, sbuf, c1 - c0, d, scale * unit, tile_mask, c0, maskt, cmax)
-            _exp32(sbuf, nk, cmax, csum)
+            if bf:  # bf16 pair products; P stored as bf16 pairs
+                _scores32_bf16(ka, koff, qbuf, sbuf, c1 - c0, dw, scale * unit, tile_mask, c0,
+                               maskt, cmax)
+                _exp32_bf16(sbuf, nk, cmax, csum)
+            else:
+                _scores32(ka, koff, qbuf, sbuf, c1 - c0, d, scale * unit, tile_mask, c0, maskt,
+                          cmax)
+                _exp32(sbuf, nk, cmax, csum)
         else:
             _gemm(_N, _N, rows, nk, d, scale * unit, qbuf, 0, rows, ka, koff, d, 0.0, sbuf, 0, rows)
             off = 0
@@ -276,7 +303,12 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, p, I, scale, first, last,
                 post[r] = 1.0
                 if final and lrow[r] != 0.0:
                     post[r] = 1.0 / lrow[r]
-            if dense:  # 8-query blocks read each value row half as often
+            if bf:
+                if dense:
+                    _pv32_dense_bf16(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)
+                else:
+                    _pv32_bf16(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)
+            elif dense:  # 8-query blocks read each value row half as often
                 _pv32_dense(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)  # in place
             else:
                 _pv32(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)
@@ -390,9 +422,9 @@ def _views(bufs, tid):  # pragma: no cover - compiled
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
-def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last, qperm,
-                   kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col, tile_mask, masks,
-                   maskt, grows, fused, block, chunk, seg, precise, T):  # pragma: no cover - compiled
+def _forward_piece(q1, k1, v1, vi1, o1, m1, l1, BH, H, d, dw, bf, scale, G, g, p, first, last,
+                   qperm, kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col, tile_mask,
+                   masks, maskt, grows, fused, block, chunk, seg, precise, T):  # pragma: no cover - compiled
     """Piece ``p`` (softmax group ``g``) of every (batch, head) whose group is ``g``.
 
     ``span > 0``: the key blocks of a work item's tiles lie within ``span``
@@ -400,7 +432,8 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last
     and value rows (token ``kperm_used[x]`` for position ``x``), and its query rows
     and softmax state, into buffers of its own, in which the piece's order is
     contiguous. ``copies`` (from :func:`_copy_orders`) lists, per work item, the
-    positions to copy in the order that moves rows fastest."""
+    positions to copy in the order that moves rows fastest. ``vi1, dw, bf``: as in
+    :func:`_qblock` (bf16: a work item pairs the value rows it copies as it copies them)."""
     _wide()
     n = m1.shape[0] // BH
     nb = (n + block - 1) // block
@@ -439,17 +472,21 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last
             kl, vl = wkl[tid, 0], wkl[tid, 1]
             for t in range(kptr[it], kptr[it + 1]):
                 x = korder[t]
-                _copy(kl, (x - x0) * d, k1, (base + kperm_used[x]) * d, d)
+                _copy(kl, (x - x0) * dw, k1, (base + kperm_used[x]) * dw, dw)
             for t in range(kptr[it], kptr[it + 1]):
                 x = korder[t]
-                _copy(vl, (x - x0) * d, v1, (base + kperm_used[x]) * d, d)
+                if not bf:
+                    _copy(vl, (x - x0) * d, v1, (base + kperm_used[x]) * d, d)
+                elif (x - x0) % 2 == 0:  # the item's key range is whole pairs (x0, n even)
+                    _pair_rows(vl, (x - x0) * dw, v1, (base + kperm_used[x]) * dw,
+                               (base + kperm_used[x + 1]) * dw, dw)
             y0 = I0 * block
             qp = qperm[p]
             ql, ol = wql[tid, 0], wql[tid, 1]
             ml, ll = wml[tid, 0], wml[tid, 1]
             for t in range(qptr[it], qptr[it + 1]):
                 y = qorder[t]
-                _copy(ql, (y - y0) * d, q1, (base + qp[y]) * d, d)
+                _copy(ql, (y - y0) * dw, q1, (base + qp[y]) * dw, dw)
             if not first:
                 for t in range(qptr[it], qptr[it + 1]):
                     y = qorder[t]
@@ -458,7 +495,7 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last
                     ml[y - y0] = m1[i]
                     ll[y - y0] = l1[i]
             for I in range(I0, I1):
-                _qblock(ql, kl, vl, ol, ml, ll, -y0, -x0, n, d, p, I, scale, first, last,
+                _qblock(ql, kl, vl, vl, ol, ml, ll, -y0, -x0, n, d, dw, bf, p, I, scale, first, last,
                         local, local, lstart, lstep, tile_ptr, tile_col, tile_mask, masks,
                         maskt, grows, fused,
                         block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
@@ -474,7 +511,7 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last
                 l1[i] = ll[y - y0]
         else:
             for I in range(I0, I1):
-                _qblock(q1, k1, v1, o1, m1, l1, base, base, n, d, p, I, scale, first, last,
+                _qblock(q1, k1, v1, vi1, o1, m1, l1, base, base, n, d, dw, bf, p, I, scale, first, last,
                         qperm[p], kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks,
                         maskt, grows, fused,
                         block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
@@ -483,16 +520,17 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, H, d, scale, G, g, p, first, last
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
-def _forward_pair(q1, ka, va, kb, vb, o1, m1, l1, BH, H, d, scale, G, g, pa, pb, first, last,
-                  qperm, kpa, kta, ksa, kpb, ktb, ksb, tile_ptr, tile_col, tile_mask, masks,
-                  maskt, grows, fused, block, chunk, seg, precise, T):  # pragma: no cover - compiled
+def _forward_pair(q1, ka, va, via, kb, vb, vib, o1, m1, l1, BH, H, d, dw, bf, scale, G, g, pa, pb,
+                  first, last, qperm, kpa, kta, ksa, kpb, ktb, ksb, tile_ptr, tile_col, tile_mask,
+                  masks, maskt, grows, fused, block, chunk, seg, precise, T):  # pragma: no cover - compiled
     """Pieces ``pa`` then ``pb`` of softmax group ``g``, one after the other on each
     query block, for two pieces with the same query order that copy nothing: what two
     :func:`_forward_piece` calls compute, but a block's state (its rows of ``o1``,
     ``m1``, ``l1``) goes from one piece to the next while still in the cache, instead
     of through memory a whole call later. ``pa`` reads keys and values ``ka, va`` (its
     ``kperm_used, kstart, kstep``: ``kpa, kta, ksa``), ``pb`` reads ``kb, vb`` (``kpb,
-    ktb, ksb``); ``first``: ``pa`` starts the group; ``last``: ``pb`` ends it."""
+    ktb, ksb``); ``first``: ``pa`` starts the group; ``last``: ``pb`` ends it. ``via, vib,
+    dw, bf``: as in :func:`_qblock`."""
     _wide()
     n = m1.shape[0] // BH
     nb = (n + block - 1) // block
@@ -505,21 +543,38 @@ def _forward_pair(q1, ka, va, kb, vb, o1, m1, l1, BH, H, d, scale, G, g, pa, pb,
         own = _views(bufs, numba.get_thread_id())
         base = bh * n
         for I in range((w % nseg) * seg, min(nb, (w % nseg + 1) * seg)):
-            _qblock(q1, ka, va, o1, m1, l1, base, base, n, d, pa, I, scale, first, False,
+            _qblock(q1, ka, va, via, o1, m1, l1, base, base, n, d, dw, bf, pa, I, scale, first, False,
                     qperm[pa], kpa, kta, ksa, tile_ptr, tile_col, tile_mask, masks, maskt, grows,
                     fused, block, chunk, precise, *own)
-            _qblock(q1, kb, vb, o1, m1, l1, base, base, n, d, pb, I, scale, False, last,
+            _qblock(q1, kb, vb, vib, o1, m1, l1, base, base, n, d, dw, bf, pb, I, scale, False, last,
                     qperm[pb], kpb, ktb, ksb, tile_ptr, tile_col, tile_mask, masks, maskt, grows,
                     fused, block, chunk, precise, *own)
 
 
-def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
+@numba.njit(parallel=True, cache=True)
+def _pair_all(x1, BH, n, rows, dw, out1):  # pragma: no cover - compiled
+    """``out1``: rows ``0 .. rows`` (even) of each of the ``BH`` heads of ``n`` rows of
+    ``x1`` (``dw`` words of bf16 pairs a row) interleaved by pairs of rows
+    (:func:`._llvm._pair_rows`), the layout of the values that :func:`_pv32_bf16`
+    reads."""
+    R = 256  # row pairs per work item
+    per = (rows // 2 + R - 1) // R
+    for u in prange(BH * per):
+        at = (u // per) * n
+        for r in range((u % per) * R, min(rows // 2, (u % per + 1) * R)):
+            x = (at + 2 * r) * dw
+            _pair_rows(out1, x, x1, x, x + dw, dw)
+
+
+def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=False):
     """``q1, k1, v1, o1``: flattened ``(B*H*n*d,)``; ``m1``: ``(B*H*n,)`` (becomes the
     log-sum-exp); head ``h`` uses group ``h % G``. The pieces of a group continue one
     online softmax per token, in the order of :func:`_forward_steps`; between them the
-    unnormalized output lives in ``o1``'s rows, which the last piece normalizes."""
+    unnormalized output lives in ``o1``'s rows, which the last piece normalizes.
+    ``bf``: ``q1, k1, v1`` are bf16, as float32 words of two (see :func:`_qblock`)."""
     ensure_blas()
     n, G, block = plan.n, plan.num_groups, plan.block
+    dw = d // 2 if bf else d  # elements of an input row
     groups = [int(g) for g in plan.piece_group]
     if len(set(groups)) < G:  # a group without pieces: its rows have no keys
         H_ = np.arange(BH) % H % G
@@ -528,6 +583,10 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
         m1.reshape(BH, -1)[empty] = -np.inf
     l1 = np.empty_like(m1)
     kp1 = vp1 = None
+    vi1 = v1
+    if bf:
+        vi1 = _buffer(v1.shape, v1.dtype)
+        _pair_all(v1, BH, n, n, dw, vi1)
     # 32-token float32 tiles: scores, masks and column max in one pass (_scores32)
     fused = block == 32 and not precise
     maskt = plan.memo("cpu.masks_t", lambda: _masks_t(plan)) if fused else _NO_MASKS
@@ -535,33 +594,112 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise):
     pending = None  # a piece held back to run together with the next one (_forward_pair)
     for (p, first, last, span, items, reorder, kt, ks, kperm_used, copies,
          pair) in plan.memo(("cpu.forward", seg), lambda: _forward_steps(plan, seg)):
-        kq, vq = k1, v1
+        kq, vq, viq = k1, v1, vi1
         if reorder is not None:  # the used key blocks put in the piece's order
             if kp1 is None:  # one buffer pair reused by the pieces
                 kp1, vp1 = _buffer(k1.shape, k1.dtype), _buffer(v1.shape, v1.dtype)
+                vpi1 = _buffer(v1.shape, v1.dtype) if bf else vp1
             s, rows = reorder
             if s > 0:
-                _permute_residue(k1, s, BH, n, d, kp1)
-                _permute_residue(v1, s, BH, n, d, vp1)
+                _permute_residue(k1, s, BH, n, dw, kp1)
+                _permute_residue(v1, s, BH, n, dw, vp1)
             else:
-                _permute_rows(k1, plan.kperm, p, BH, rows, d, kp1)
-                _permute_rows(v1, plan.kperm, p, BH, rows, d, vp1)
-            kq, vq = kp1, vp1
+                _permute_rows(k1, plan.kperm, p, BH, rows, dw, kp1)
+                _permute_rows(v1, plan.kperm, p, BH, rows, dw, vp1)
+            if bf:
+                _pair_all(vp1, BH, n, rows, dw, vpi1)
+            kq, vq, viq = kp1, vp1, vpi1
         if pair:
-            pending = (p, first, kperm_used, kt, ks, kq, vq)
+            pending = (p, first, kperm_used, kt, ks, kq, vq, viq)
             continue
         if pending is not None:
-            pa, pfirst, kpa, kta, ksa, ka, va = pending
+            pa, pfirst, kpa, kta, ksa, ka, va, via = pending
             pending = None
-            _forward_pair(q1, ka, va, kq, vq, o1, m1, l1, BH, H, d, scale, G, groups[p], pa, p,
-                          pfirst, last, plan.qperm, kpa, kta, ksa, kperm_used, kt, ks,
-                          plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks, maskt, grows,
-                          fused, block, chunk, items, precise, numba.get_num_threads())
+            _forward_pair(q1, ka, va, via, kq, vq, viq, o1, m1, l1, BH, H, d, dw, bf, scale, G,
+                          groups[p], pa, p, pfirst, last, plan.qperm, kpa, kta, ksa, kperm_used,
+                          kt, ks, plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks, maskt,
+                          grows, fused, block, chunk, items, precise, numba.get_num_threads())
             continue
-        _forward_piece(q1, kq, vq, o1, m1, l1, BH, H, d, scale, G, groups[p], p, first,
-                       last, plan.qperm, kperm_used, kt, ks, span, copies, plan.tile_ptr,
+        _forward_piece(q1, kq, vq, viq, o1, m1, l1, BH, H, d, dw, bf, scale, G, groups[p], p,
+                       first, last, plan.qperm, kperm_used, kt, ks, span, copies, plan.tile_ptr,
                        plan.tile_col, plan.tile_mask, plan.masks, maskt, grows, fused, block,
                        chunk, items, precise, numba.get_num_threads())
+
+
+#: bf16 products (``vdpbf16ps``) for bf16 inputs: "auto" (where :func:`bf16_applies`),
+#: "products" (wherever they can run) or "widen" (never: widened to float32); the
+#: environment variable ``SPARSE_PATTERNS_BF16`` sets it for a process
+BF16_MODES = ("auto", "products", "widen")
+
+
+def _bf16_mode() -> str:
+    mode = os.environ.get("SPARSE_PATTERNS_BF16", "auto")
+    if mode not in BF16_MODES:
+        raise ValueError(
+            f"SPARSE_PATTERNS_BF16 must be one of {', '.join(BF16_MODES)}, got {mode!r}"
+        )
+    return mode
+
+
+def bf16_applies(plan, d: int) -> bool:
+    """Whether :func:`forward_bf16` runs bf16 inputs of head size ``d`` over ``plan``
+    on bf16 products (else they are widened to float32 and :func:`forward` runs).
+
+    It needs a CPU with AVX512_BF16, 32-token tiles (``plan.block == 32``), ``n`` and
+    ``d`` multiples of 32, and, unless ``SPARSE_PATTERNS_BF16=products``, a
+    ``vdpbf16ps`` peak at least 1.3x the float32 FMA peak, measured once per process
+    on one core (:func:`._peak.fma_peak`, about 0.4 s): 1.9x on an AMD Zen 5, 0.5x on
+    an Intel Xeon (Emerald Rapids), where widening is faster.
+
+    Examples
+    --------
+    >>> import sparse_patterns as sps
+    >>> bf16_applies(sps.plan(sps.make("strided", 64, stride=8), block=16), 64)
+    False
+    """
+    mode = _bf16_mode()
+    if mode == "widen" or not _AVX512_BF16:
+        return False
+    if plan.block != 32 or plan.n % 32 or d % 32:
+        return False
+    return mode == "products" or fma_peak("bfloat16", 1) >= 1.3 * fma_peak("float32", 1)
+
+
+def forward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,
+                 chunk: int = _CHUNK, seg: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`forward` on bf16 inputs with bf16 products: ``q, k, v`` are the bf16
+    words (C-contiguous ``int16`` or ``uint16`` ``(B, H, n, d)`` arrays) where
+    :func:`bf16_applies`. Scores and ``P V`` are ``vdpbf16ps`` (pairs of bf16
+    products summed in float32), the probabilities rounded to bf16 before ``P V`` (as
+    FlashAttention does); the softmax statistics, the accumulation and the outputs are
+    float32.
+
+    Returns
+    -------
+    out, lse : numpy.ndarray
+        float32, as :func:`forward`'s.
+
+    Examples
+    --------
+    >>> import numpy as np, sparse_patterns as sps
+    >>> pl = sps.plan(sps.make("strided", 64, stride=8), block=32)
+    >>> w = (np.random.default_rng(0).standard_normal((1, 1, 64, 32), np.float32)
+    ...      .view(np.uint32) >> 16).astype(np.uint16)  # bf16 words (truncated)
+    >>> o, lse = forward_bf16(w, w, w, pl, scale=0.18) if bf16_applies(pl, 32) else (w, w)
+    >>> o.shape
+    (1, 1, 64, 32)
+    """
+    B, H, n, d = q.shape
+    if not _AVX512_BF16 or plan.block != 32 or n % 32 or d % 32:
+        raise ValueError(f"q: bf16 products need AVX512_BF16, block 32, n and d multiples of 32; "
+                         f"got block {plan.block}, n={n}, d={d}")
+    out = _buffer(q.shape, np.float32)
+    lse = np.empty(q.shape[:3], dtype=np.float32)
+    w = [np.ascontiguousarray(a).reshape(-1).view(np.float32) for a in (q, k, v)]
+    with single_threaded_blas(), _threads_for(plan.flops(B, H, d)[1]):
+        _forward(*w, out.reshape(-1), lse.reshape(-1), B * H, H, d, np.float32(scale), plan,
+                 int(chunk), int(seg), False, bf=True)
+    return out, lse
 
 
 def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,

@@ -48,6 +48,7 @@ __all__ = [
     "_FM", "_LOG2E", "_AVX512", "_AVX512_BF16", "_bf16_dot", "_EXP2_POLY", "_wide", "_copy", "_copy_nt",
     "_zero",
     "_bits_to_f32", "_exp2f", "_transpose16", "_exp32", "_exp_rows32", "_pv32", "_pv32_dense", "_scores32",
+    "_exp32_bf16", "_pv32_bf16", "_pv32_dense_bf16", "_scores32_bf16", "_pair_rows",
 ]
 
 _LOG2E = 1.4426950408889634
@@ -254,6 +255,14 @@ def _bf16_dot(builder, acc, a, b):
     return builder.call(fn, [acc, builder.bitcast(a, bt), builder.bitcast(b, bt)])
 
 
+def _bf16_ok(context, array_type) -> bool:
+    """Whether a bf16 pass can be generated for ``array_type``: float32 (bf16 pair
+    containers) on a CPU with AVX512_BF16. Elsewhere the pass compiles to nothing: its
+    callers compile it into the float64 path too, and on a CPU without AVX512_BF16,
+    where :func:`._forward.bf16_applies` never lets it be reached."""
+    return _AVX512_BF16 and context.get_value_type(array_type.dtype) == ir.FloatType()
+
+
 def _emit_exp2(builder, x):
     """IR for :func:`_exp2f` on a vector of 16 float32 ``x``: the same operations, so
     the same bits. On AVX-512, ``vscalefps`` applies ``2**n`` (one instruction for
@@ -292,12 +301,24 @@ def _emit_exp2(builder, x):
     return builder.select(builder.fcmp_ordered(">=", x, lo), y, other)
 
 
-@intrinsic
-def _exp32(typingctx, st, nk, cmax, csum):  # pragma: no cover - compiled
-    """:func:`_exp_cols` for 32 float32 queries, the shifts and sums kept in registers:
-    ``st[j*32 + r] = 2**(st[j*32 + r] - cmax[r])`` (0 where ``cmax[r]`` is ``-inf``),
-    ``csum[r]`` = column sums. The same bits as :func:`_exp2f` (see :func:`_emit_exp2`)."""
+def _pack_bf16(builder, lo, hi):
+    """16 words of bf16 pairs from two vectors of 16 float32: word ``i`` holds
+    ``lo[i]`` rounded to bf16 in its low half and ``hi[i]`` in its high half (ties to
+    even; ``vcvtne2ps2bf16`` and one word shuffle), as a ``<16 x float>`` container."""
+    ht = ir.VectorType(ir.IntType(16), 16)
+    bt = ir.VectorType(_BFloat(), 16)
+    a, b = (builder.bitcast(builder.fptrunc(x, bt), ht) for x in (lo, hi))
+    mask = [x for i in range(16) for x in (i, 16 + i)]
+    both = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 32), mask))
+    return builder.bitcast(both, lo.type)
+
+
+def _exp_codegen(pack: bool):
+    """The IR of :func:`_exp32` and, ``pack``, of :func:`_exp32_bf16`."""
+
     def codegen(context, builder, signature, args):
+        if pack and not _bf16_ok(context, signature.args[0]):
+            return context.get_dummy_value()
         st_, nk_, cm_, cs_ = args
         sp, cp, op = (context.make_array(signature.args[i])(context, builder, v).data
                       for i, v in ((0, st_), (2, cm_), (3, cs_)))
@@ -318,17 +339,44 @@ def _exp32(typingctx, st, nk, cmax, csum):  # pragma: no cover - compiled
             a = cgutils.alloca_once(builder, vt)
             builder.store(const(0.0), a)
             acc.append(a)
-        with cgutils.for_range(builder, nk_) as loop:
-            row = builder.mul(loop.index, i64(32))
-            for h in range(2):
-                ptr = vec(sp, builder.add(row, i64(16 * h)))
-                y = _emit_exp2(builder, builder.fsub(builder.load(ptr, align=4), msub[h]))
-                builder.store(y, ptr, align=4)
-                builder.store(builder.fadd(builder.load(acc[h]), y), acc[h])
+        rows = 2 if pack else 1  # key rows a step: a pair where they are packed
+        with cgutils.for_range(builder, builder.sdiv(nk_, i64(rows))) as loop:
+            ys = [[None, None] for _ in range(rows)]
+            for jr in range(rows):
+                row = builder.mul(builder.add(builder.mul(loop.index, i64(rows)), i64(jr)), i64(32))
+                for h in range(2):
+                    ptr = vec(sp, builder.add(row, i64(16 * h)))
+                    y = _emit_exp2(builder, builder.fsub(builder.load(ptr, align=4), msub[h]))
+                    if not pack:
+                        builder.store(y, ptr, align=4)
+                    builder.store(builder.fadd(builder.load(acc[h]), y), acc[h])
+                    ys[jr][h] = y
+            if pack:  # rows 2p, 2p + 1 -> 32 words at p*32, over rows already read
+                for h in range(2):
+                    ptr = vec(sp, builder.add(builder.mul(loop.index, i64(32)), i64(16 * h)))
+                    builder.store(_pack_bf16(builder, ys[0][h], ys[1][h]), ptr, align=4)
         for h in range(2):
             builder.store(builder.load(acc[h]), vec(op, i64(16 * h)), align=4)
         return context.get_dummy_value()
-    return types.none(st, nk, cmax, csum), codegen
+    return codegen
+
+
+@intrinsic
+def _exp32(typingctx, st, nk, cmax, csum):  # pragma: no cover - compiled
+    """:func:`_exp_cols` for 32 float32 queries, the shifts and sums kept in registers:
+    ``st[j*32 + r] = 2**(st[j*32 + r] - cmax[r])`` (0 where ``cmax[r]`` is ``-inf``),
+    ``csum[r]`` = column sums. The same bits as :func:`_exp2f` (see :func:`_emit_exp2`)."""
+    return types.none(st, nk, cmax, csum), _exp_codegen(False)
+
+
+@intrinsic
+def _exp32_bf16(typingctx, st, nk, cmax, csum):  # pragma: no cover - compiled
+    """:func:`_exp32` whose probabilities are stored as bf16 pairs for
+    :func:`_pv32_bf16`: word ``p*32 + r`` of ``st`` holds query ``r``'s
+    probabilities of keys ``2p`` (low half) and ``2p + 1``, rounded to bf16, for
+    ``p < nk / 2`` (``nk`` even), written over the float32 rows already read. The
+    sums ``csum`` are of the float32 probabilities, before rounding."""
+    return types.none(st, nk, cmax, csum), _exp_codegen(True)
 
 
 @intrinsic
@@ -366,12 +414,15 @@ def _exp_rows32(typingctx, s, m, lc, bits):  # pragma: no cover - compiled
     return types.none(s, m, lc, bits), codegen
 
 
-def _pv_codegen(G: int, C: int):
+def _pv_codegen(G: int, C: int, bf16: bool = False):
     """The IR of :func:`_pv32` (``G = 4`` queries x ``C = 4`` vectors) and of
     :func:`_pv32_dense` (8 x 2): ``G`` queries x ``C`` vectors of a value row in
-    16 accumulators."""
+    16 accumulators; ``bf16``: of :func:`_pv32_bf16` and :func:`_pv32_dense_bf16`,
+    a step being a pair of keys (one ``vdpbf16ps`` per accumulator)."""
 
     def codegen(context, builder, signature, args):
+        if bf16 and not _bf16_ok(context, signature.args[2]):
+            return context.get_dummy_value()
         va_, ko_, st_, ob_, oo_, al_, po_, lo_, hi_, d_, db_, do_ = args
 
         def data(i, v):
@@ -412,8 +463,11 @@ def _pv_codegen(G: int, C: int):
                         builder.store(builder.fmul(x, a), acc[u][c])
                 j0 = bound(g, lp, "<")
                 j1 = bound(g, hp, ">")
+                if bf16:  # key pairs: the pair of the first key .. of the last one
+                    j0 = builder.ashr(j0, i64(1))
+                    j1 = builder.ashr(builder.add(j1, i64(1)), i64(1))
                 with cgutils.for_range(builder, builder.sub(j1, j0)) as jl:
-                    j = builder.add(j0, jl.index)
+                    j = builder.add(j0, jl.index)  # a key row, or a pair's (d words)
                     vrow = builder.add(builder.add(ko_, builder.mul(j, d_)), c0)
                     v = [builder.load(vec(vp_, builder.add(vrow, i64(L * c))), align=4)
                          for c in range(W)]
@@ -421,8 +475,10 @@ def _pv_codegen(G: int, C: int):
                     for u in range(G):
                         pu = _splat(builder, builder.load(builder.gep(sp, [builder.add(srow, i64(u))])), vt)
                         for c in range(W):
-                            builder.store(builder.call(fma, [pu, v[c], builder.load(acc[u][c])]),
-                                          acc[u][c])
+                            a = builder.load(acc[u][c])
+                            a = (_bf16_dot(builder, a, pu, v[c]) if bf16
+                                 else builder.call(fma, [pu, v[c], a]))
+                            builder.store(a, acc[u][c])
                 for u in range(G):
                     s = _splat(builder, builder.load(builder.gep(pp, [builder.add(builder.mul(g, i64(G)), i64(u))])), vt)
                     for c in range(W):
@@ -471,28 +527,63 @@ def _pv32_dense(typingctx, va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbu
     return types.none(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff), _pv_codegen(8, 2)
 
 
-_KEYS = 8  # keys per register block of _scores32 (16 vector accumulators)
+@intrinsic
+def _pv32_bf16(typingctx, va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff):  # pragma: no cover - compiled
+    """:func:`_pv32` on bf16 probabilities and values: ``st`` as :func:`_exp32_bf16`
+    leaves it (word ``p*32 + r``: query ``r``'s pair of keys ``2p, 2p + 1``), ``va``
+    a float32 container of value rows interleaved by key pairs (:func:`_pair_rows`:
+    the ``d`` words at ``va[koff + p*d]`` hold column ``c`` of keys ``2p`` and
+    ``2p + 1`` in word ``c``). ``lo, hi`` are key rows as there, widened to whole
+    pairs (``P`` is 0 for the extra key). ``O``, ``alpha``, ``post``: float32."""
+    return (types.none(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff),
+            _pv_codegen(4, 4, True))
 
 
 @intrinsic
-def _scores32(typingctx, k, koff, qt, st, ntile, d, alpha, tmask, t0, maskt,
-              cmax):  # pragma: no cover - compiled
-    """Masked, transposed scores of 32 queries against ``ntile`` tiles of 32 keys, and
-    their running column max, in one register-blocked pass (what the score ``gemm``,
-    the masking and the max pass of :func:`_softmax_cols` do in three).
+def _pv32_dense_bf16(typingctx, va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff):  # pragma: no cover - compiled
+    """:func:`_pv32_bf16` in blocks of 8 queries x 2 vectors, as :func:`_pv32_dense`."""
+    return (types.none(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff),
+            _pv_codegen(8, 2, True))
 
-    ``st[j*32 + r] = alpha * sum_c k[koff + j*d + c] * qt[c*32 + r]`` (``qt``: ``Q^T``,
-    ``d x 32``), accumulated for 8 keys x 32 queries in 16 vector registers; ``-inf``
-    where tile ``t``'s transposed mask (bit ``r`` of ``maskt[tmask[t0 + t]*32 + key]``)
-    is unset, ``tmask < 0`` meaning a full tile (no mask applied); ``cmax[r]`` = max
-    of itself and column ``r``, one ``vmaxps`` per vector. In a partial tile, the
-    products of a group of 8 keys with a half of the queries (16) that none of those
-    keys is seen by are skipped (a diagonal or band tile's corners: a quarter of a
-    triangle's tile; the strided forward at n = 16,384 about 1.5% faster, A/B). Unlike
-    :func:`_softmax_cols`, a NaN score need not leave a NaN max (``vmaxps`` keeps the
-    later operand): the row still ends NaN, as the NaN score's exponential is NaN.
-    """
+
+@intrinsic
+def _pair_rows(typingctx, dst, doff, src, sa, sb, dw):  # pragma: no cover - compiled
+    """Two rows of bf16 pairs interleaved by element: the ``2 dw`` words at
+    ``dst[doff]`` get, in word ``c``, element ``c`` of the row at ``src[sa]`` (low
+    half) and element ``c`` of the row at ``src[sb]`` (high half); a row is ``dw``
+    words (``2 dw`` bf16, a multiple of 32). ``dst`` and ``src`` are float32 arrays
+    used as word containers; bits are moved, never computed on."""
     def codegen(context, builder, signature, args):
+        dst_, doff_, src_, sa_, sb_, dw_ = args
+        dp = builder.gep(context.make_array(signature.args[0])(context, builder, dst_).data, [doff_])
+        sp = context.make_array(signature.args[2])(context, builder, src_).data
+        ht = ir.VectorType(ir.IntType(16), 32)
+        i64 = ir.IntType(64)
+        lo = ir.Constant(ir.VectorType(ir.IntType(32), 32), [x for i in range(16) for x in (i, 32 + i)])
+        hi = ir.Constant(ir.VectorType(ir.IntType(32), 32), [x for i in range(16, 32) for x in (i, 32 + i)])
+        pa, pb = (builder.gep(sp, [x]) for x in (sa_, sb_))
+        with cgutils.for_range(builder, builder.sdiv(dw_, i64(16))) as loop:
+            off = builder.mul(loop.index, i64(16))
+            a, b = (builder.load(builder.bitcast(builder.gep(p, [off]), ht.as_pointer()), align=4)
+                    for p in (pa, pb))
+            for h, mask in enumerate((lo, hi)):
+                out = builder.gep(dp, [builder.add(builder.mul(off, i64(2)), i64(16 * h))])
+                builder.store(builder.shuffle_vector(a, b, mask), builder.bitcast(out, ht.as_pointer()),
+                              align=4)
+        return context.get_dummy_value()
+    return types.none(dst, doff, src, sa, sb, dw), codegen
+
+
+_KEYS = 8  # keys per register block of _scores32 (16 vector accumulators)
+
+
+def _scores_codegen(bf16: bool):
+    """The IR of :func:`_scores32` (float32 or float64 FMAs) and of
+    :func:`_scores32_bf16` (``bf16``: ``vdpbf16ps`` on pairs of bf16 words)."""
+
+    def codegen(context, builder, signature, args):
+        if bf16 and not _bf16_ok(context, signature.args[3]):
+            return context.get_dummy_value()
         k_, koff_, qt_, st_, nt_, d_, alpha_, tm_, t0_, mt_, cm_ = args
 
         def data(i, v):
@@ -537,8 +628,10 @@ def _scores32(typingctx, k, koff, qt, st, ntile, d, alpha, tmask, t0, maskt,
                             kv = builder.load(builder.gep(kp, [builder.add(koff_, builder.add(row, cl.index))]))
                             kv = _splat(builder, kv, vt)
                             for h in halves:
-                                builder.store(builder.call(fma, [kv, q[h], builder.load(acc[jj][h])]),
-                                              acc[jj][h])
+                                a = builder.load(acc[jj][h])
+                                a = (_bf16_dot(builder, a, kv, q[h]) if bf16
+                                     else builder.call(fma, [kv, q[h], a]))
+                                builder.store(a, acc[jj][h])
 
                 # a half (16 queries) that none of the 8 keys is seen by in a partial tile
                 # (a diagonal tile's corner) is not computed: its scores are all masked
@@ -585,5 +678,39 @@ def _scores32(typingctx, k, koff, qt, st, ntile, d, alpha, tmask, t0, maskt,
         for h in range(2):
             builder.store(builder.load(cm[h]), vec(cp, i64(16 * h)), align=4)
         return context.get_dummy_value()
-    return types.none(k, koff, qt, st, ntile, d, alpha, tmask, t0, maskt, cmax), codegen
+    return codegen
+
+
+@intrinsic
+def _scores32(typingctx, k, koff, qt, st, ntile, d, alpha, tmask, t0, maskt,
+              cmax):  # pragma: no cover - compiled
+    """Masked, transposed scores of 32 queries against ``ntile`` tiles of 32 keys, and
+    their running column max, in one register-blocked pass (what the score ``gemm``,
+    the masking and the max pass of :func:`_softmax_cols` do in three).
+
+    ``st[j*32 + r] = alpha * sum_c k[koff + j*d + c] * qt[c*32 + r]`` (``qt``: ``Q^T``,
+    ``d x 32``), accumulated for 8 keys x 32 queries in 16 vector registers; ``-inf``
+    where tile ``t``'s transposed mask (bit ``r`` of ``maskt[tmask[t0 + t]*32 + key]``)
+    is unset, ``tmask < 0`` meaning a full tile (no mask applied); ``cmax[r]`` = max
+    of itself and column ``r``, one ``vmaxps`` per vector. In a partial tile, the
+    products of a group of 8 keys with a half of the queries (16) that none of those
+    keys is seen by are skipped (a diagonal or band tile's corners: a quarter of a
+    triangle's tile; the strided forward at n = 16,384 about 1.5% faster, A/B). Unlike
+    :func:`_softmax_cols`, a NaN score need not leave a NaN max (``vmaxps`` keeps the
+    later operand): the row still ends NaN, as the NaN score's exponential is NaN.
+    """
+    return types.none(k, koff, qt, st, ntile, d, alpha, tmask, t0, maskt, cmax), _scores_codegen(False)
+
+
+@intrinsic
+def _scores32_bf16(typingctx, k, koff, qt, st, ntile, dw, alpha, tmask, t0, maskt,
+                   cmax):  # pragma: no cover - compiled
+    """:func:`_scores32` on bf16 inputs: ``k`` and ``qt`` are float32 arrays used as
+    containers of bf16 pairs (word ``c`` of a key row holds its elements ``2c`` and
+    ``2c + 1``), ``dw = d / 2`` words a row; ``qt`` is ``Q^T`` by words (``dw x 32``,
+    word ``c`` of query ``r`` at ``c*32 + r``). Each product step is one
+    ``vdpbf16ps`` (a key's pair broadcast against 16 queries' pairs, float32
+    accumulation), half as many steps as float32 FMAs; the scores, masks and max are
+    float32 as there."""
+    return types.none(k, koff, qt, st, ntile, dw, alpha, tmask, t0, maskt, cmax), _scores_codegen(True)
 
