@@ -370,6 +370,20 @@ def _permute_rows(x1, perm, p, BH, rows, d, out1):  # pragma: no cover - compile
 
 
 @numba.njit(parallel=True, cache=True)
+def _permute_rows_paired(x1, perm, p, BH, rows, dw, out1):  # pragma: no cover - compiled
+    """:func:`_permute_rows` of bf16 rows (``dw`` words each) straight into the layout
+    of :func:`_pair_all`: positions ``2y, 2y + 1`` interleaved (``rows`` even)."""
+    n = perm.shape[1]
+    R = 256  # row pairs per work item
+    per = (rows // 2 + R - 1) // R
+    for u in prange(BH * per):
+        at = (u // per) * n
+        for y in range((u % per) * R, min(rows // 2, (u % per + 1) * R)):
+            _pair_rows(out1, (at + 2 * y) * dw, x1, (at + perm[p, 2 * y]) * dw,
+                       (at + perm[p, 2 * y + 1]) * dw, dw)
+
+
+@numba.njit(parallel=True, cache=True)
 def _permute_residue(x1, s, BH, n, d, out1):  # pragma: no cover - compiled
     """``out1``: the rows of every (batch, head) of ``x1`` grouped by ``i mod s`` (each
     group in increasing ``i``), the order of a ``residue(s)`` piece. Copied in tiles of
@@ -598,17 +612,18 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
         if reorder is not None:  # the used key blocks put in the piece's order
             if kp1 is None:  # one buffer pair reused by the pieces
                 kp1, vp1 = _buffer(k1.shape, k1.dtype), _buffer(v1.shape, v1.dtype)
-                vpi1 = _buffer(v1.shape, v1.dtype) if bf else vp1
             s, rows = reorder
             if s > 0:
                 _permute_residue(k1, s, BH, n, dw, kp1)
-                _permute_residue(v1, s, BH, n, dw, vp1)
             else:
                 _permute_rows(k1, plan.kperm, p, BH, rows, dw, kp1)
+            if bf:  # the values straight into pairs: all the reordered piece reads of them
+                _permute_rows_paired(v1, plan.kperm, p, BH, rows, dw, vp1)
+            elif s > 0:
+                _permute_residue(v1, s, BH, n, dw, vp1)
+            else:
                 _permute_rows(v1, plan.kperm, p, BH, rows, dw, vp1)
-            if bf:
-                _pair_all(vp1, BH, n, rows, dw, vpi1)
-            kq, vq, viq = kp1, vp1, vpi1
+            kq, vq, viq = kp1, vp1, vp1
         if pair:
             pending = (p, first, kperm_used, kt, ks, kq, vq, viq)
             continue
