@@ -74,6 +74,28 @@ def dense_attention(q, k, v, pattern, mode):
     return torch.stack(outs, 1)
 
 
+def dense_terms(q, k, v, do, pattern, mode):
+    """What bf16 products round, float64 through dense masks: per head ``|P| |v|``
+    (the output), ``|dS| |k|`` (dq, scale included), ``|dS|^T |q|`` (dk), ``P^T |dO|``
+    (dv), ``P`` and ``dS`` being the probabilities and the score gradients."""
+    heads = [pattern.union()] if mode == "merged" else list(pattern.heads)
+    scale = q.shape[-1] ** -0.5
+    terms = [[], [], [], []]
+    for h in range(q.shape[1]):
+        allowed = torch.from_numpy(heads[h % len(heads)].toarray().astype(bool))
+        s = (q[:, h] @ k[:, h].transpose(-1, -2)) * scale
+        p = torch.softmax(s.masked_fill(~allowed, -torch.inf), -1)
+        p = torch.where(allowed.any(-1, keepdim=True), p, 0.0)
+        o = p @ v[:, h]
+        dp = do[:, h] @ v[:, h].transpose(-1, -2)
+        ds = p * (dp - (do[:, h] * o).sum(-1, keepdim=True))
+        for t, x in zip(terms, (p @ v[:, h].abs(), scale * ds.abs() @ k[:, h].abs(),
+                                scale * ds.abs().transpose(-1, -2) @ q[:, h].abs(),
+                                p.transpose(-1, -2) @ do[:, h].abs()), strict=True):
+            t.append(x)
+    return [torch.stack(t, 1) for t in terms]
+
+
 CASES = [("strided", {"stride": 8}), ("fixed", {"stride": 8, "c": 2}),
          ("local", {"window": 12}), ("bigbird", {"block": 8, "random_blocks": 2})]
 
@@ -94,9 +116,10 @@ def test_forward_and_gradients_within_the_stated_bounds(dtype, path, mode, name,
     """Against float64 autograd through dense masked attention on the same (rounded)
     input values: each element of the output and of ``dv`` within its rounding (half an
     ulp of its dtype) of the exact value, plus 1e-5 of the largest (float32
-    arithmetic), plus, on bf16 products, the probabilities' rounding to bf16 (2**-9 of
-    the largest ``|v|``); ``dq`` and ``dk`` also carry the output's rounding, through
-    ``rowsum(dO * O)``: within 4 ulps at 1 of their largest element."""
+    arithmetic); ``dq`` and ``dk`` also carry the output's rounding, through
+    ``rowsum(dO * O)``: within 4 ulps at 1 of their largest element. On bf16 products,
+    each also within 2**-8 (the rounding of ``P`` or ``dS`` to bf16) of the sum of
+    absolute products that it rounds (:func:`dense_terms`)."""
     monkeypatch.setenv("SPARSE_PATTERNS_BF16", path)
     pat = sps.make(name, 96, **params)
     g = torch.Generator().manual_seed(3)
@@ -108,10 +131,10 @@ def test_forward_and_gradients_within_the_stated_bounds(dtype, path, mode, name,
     out, lse = attention(q, k, v, pat, mode=mode, return_lse=True)
     grads = attention_backward(q, k, v, out, lse, do, pat, mode=mode)
     through_o = 8 * ROUNDING[dtype]
-    products = 2.0**-9 * v.double().abs().max() if path == "products" else 0.0
+    extras = ([2.0**-8 * t for t in dense_terms(*(t.double() for t in (q, k, v, do)), pat, mode)]
+              if path == "products" else [0.0] * 4)
     for got, want, floor, extra in zip((out, *grads), (ref, *ref_grads),
-                                       (1e-5, through_o, through_o, 1e-5),
-                                       (products, 0.0, 0.0, 0.0), strict=True):
+                                       (1e-5, through_o, through_o, 1e-5), extras, strict=True):
         assert got.dtype == dtype
         want = want.detach()
         bound = ROUNDING[dtype] * want.abs() + floor * want.abs().max() + extra
@@ -124,23 +147,33 @@ def test_forward_and_gradients_within_the_stated_bounds(dtype, path, mode, name,
     ("strided", {"stride": 64}), ("fixed", {"stride": 128, "c": 16}), ("local", {"window": 100}),
     ("bigbird", {"block": 32, "random_blocks": 2})])
 def test_bf16_products_against_the_oracle(name, params, mode, monkeypatch):
-    """bf16 products on patterns long enough for every way the forward moves key rows
+    """bf16 products on patterns long enough for every way the kernels move rows
     (residue pieces copied per work item, summary keys reordered once per call, pieces
-    run as a pair, chunks gathered from scattered key blocks): the output within the
-    stated bound of float64 attention on the same values, and the log-sum-exp within
-    float32 rounding (the scores are exact bf16 products summed in float32)."""
+    run as a pair, chunks gathered from scattered key blocks; the backward's work items
+    and gathered query rows): the output against float64 on the same values within its
+    rounding plus that of ``P`` (2**-8 of the largest ``|v|``), the log-sum-exp within
+    float32 rounding (the scores are exact bf16 products summed in float32), and the
+    gradients against the float32 backward on the same values within their rounding
+    plus 2**-7 of the largest (``P`` and ``dS`` rounded to bf16)."""
     monkeypatch.setenv("SPARSE_PATTERNS_BF16", "products")
     n = 2048
     pat = sps.make(name, n, **params)
     g = torch.Generator().manual_seed(7)
-    q, k, v = (torch.randn(1, 2, n, 64, generator=g).to(torch.bfloat16) for _ in range(3))
+    q, k, v, do = (torch.randn(1, 2, n, 64, generator=g).to(torch.bfloat16) for _ in range(4))
     out, lse = attention(q, k, v, pat, mode=mode, return_lse=True)
-    ref = attention(*(t.double() for t in (q, k, v)), pat, mode=mode, impl="reference",
-                    return_lse=True)
+    x64 = [t.double() for t in (q, k, v)]
+    ref = attention(*x64, pat, mode=mode, impl="reference", return_lse=True)
     want = ref[0]
-    bound = 2.0**-8 * want.abs() + 2.0**-9 * v.double().abs().max() + 1e-5 * want.abs().max()
+    bound = 2.0**-8 * want.abs() + 2.0**-8 * v.double().abs().max() + 1e-5 * want.abs().max()
     assert ((out.double() - want).abs() <= bound).all()
     torch.testing.assert_close(lse.double(), ref[1], rtol=1e-5, atol=1e-5)
+    grads = attention_backward(q, k, v, out, lse, do, pat, mode=mode)
+    widened = attention_backward(*(t.float() for t in (q, k, v, out)), lse, do.float(), pat,
+                                 mode=mode)  # float32 on the same values, the same o
+    for got, want in zip(grads, widened, strict=True):
+        assert got.dtype == torch.bfloat16
+        err = (got.double() - want.double()).abs()
+        assert (err <= 2.0**-8 * want.abs() + 2.0**-7 * want.abs().max()).all()
 
 
 @pytest.mark.parametrize("kind", ["torch bfloat16", "numpy float16"])

@@ -88,10 +88,16 @@ def _numba_backward(q, k, v, o, lse, do, pattern, *, mode="multihead", scale=Non
     from . import cpu
 
     _, pl = resolve(pattern, mode, block)
-    x = HostArrays({"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, pl.n)
-    a = x.np
-    grads = cpu.backward(a["q"], a["k"], a["v"], a["o"], a["lse"], a["do"], pl,
-                         scale=check_scale(scale, x.shape[3]))
+    x = HostArrays({"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, pl.n,
+                   widen_half=False)
+    s = check_scale(scale, x.shape[3])
+    if x.dtype_name == "bfloat16" and cpu.bf16_applies(pl, x.shape[3]):  # bf16 products
+        w = x.words
+        grads = cpu.backward_bf16(w["q"], w["k"], w["v"], w["o"], x.np["lse"], w["do"], pl,
+                                  scale=s)
+    else:
+        a = x.widen()
+        grads = cpu.backward(a["q"], a["k"], a["v"], a["o"], a["lse"], a["do"], pl, scale=s)
     return tuple(x.out(g) for g in grads)
 
 
@@ -187,10 +193,16 @@ def attention(
         One kind and one dtype: float16, bfloat16 (torch), float32 or float64.
         float16 and bfloat16 are widened to float32 in one pass and computed in
         float32 (products and softmax statistics), the output rounded to the input's
-        dtype (ties to even). Accuracy against the float64 oracle on the same input
-        values, per element: float64 exact to rounding; float32 within ~1e-6
-        relative; bfloat16 and float16 within half an ulp of their dtype (2**-8,
-        2**-11 relative) plus 1e-5 of the largest output. Torch tensors must be on
+        dtype (ties to even). Where :func:`~sparse_patterns.kernels.cpu.bf16_applies`
+        (a CPU whose ``vdpbf16ps`` outruns its float32 FMAs, 32-token tiles, ``n``
+        and ``d`` multiples of 32; ``SPARSE_PATTERNS_BF16`` overrides), bfloat16
+        runs on bf16 products instead: float32 softmax statistics and sums, the
+        probabilities rounded to bf16 before ``P V``. Accuracy against the float64
+        oracle on the same input values, per element: float64 exact to rounding;
+        float32 within ~1e-6 relative; bfloat16 and float16 within half an ulp of
+        their dtype (2**-8, 2**-11 relative) plus 1e-5 of the largest output, and on
+        bf16 products also within 2**-8 of ``sum_j P_ij |v_j|`` (the rounding of
+        ``P``; ``tests/test_half.py``). Torch tensors must be on
         the CPU for ``"numba"`` and ``"reference"``; gradients are not tracked
         (use :class:`sparse_patterns.torch.SparseAttention`).
     pattern : Pattern or ExecutionPlan
@@ -284,7 +296,11 @@ def attention_backward(
         computed in float32 and rounded: ``dv`` as accurate as the forward's
         output; ``dq`` and ``dk`` also carry the rounding of ``o`` (through
         ``rowsum(do * o)``): within 8 half-ulps (2**-5 for bfloat16, 2**-8 for
-        float16) of their largest element (``tests/test_half.py``).
+        float16) of their largest element. On bf16 products (as for
+        :func:`attention`), ``P`` and ``dS`` are rounded to bf16 between the
+        products: each gradient also within 2**-8 of the sum of absolute products it
+        adds (``P^T |dO|``, ``scale |dS| |K|``, ``scale |dS|^T |Q|``;
+        ``tests/test_half.py``).
 
     Raises
     ------

@@ -45,12 +45,34 @@ import numpy as np
 from numba import prange
 
 from ._blas import _N, _T, _gemm, _threads_for, single_threaded_blas
-from ._llvm import _FM, _LOG2E, _copy, _copy_nt, _exp2f, _exp_rows32, _transpose16, _wide, _zero
-from ._llvm_bwd import _dkv32, _dq32, _dscores32, _tile_ranges
+from ._forward import _pair_all
+from ._llvm import (
+    _AVX512_BF16,
+    _FM,
+    _LOG2E,
+    _bits_to_f32,
+    _copy,
+    _copy_nt,
+    _exp2f,
+    _exp_rows32,
+    _pair_rows,
+    _transpose16,
+    _wide,
+    _zero,
+)
+from ._llvm_bwd import (
+    _dkv32,
+    _dkv32_bf16,
+    _dq32,
+    _dq32_bf16,
+    _dscores32,
+    _dscores32_bf16,
+    _tile_ranges,
+)
 from ._pool import _aligned, _buffer
 from ._schedule import _CHUNK, _backward_items, _block_steps
 
-__all__ = ["backward"]
+__all__ = ["backward", "backward_bf16"]
 
 _CHUNK32 = 2  # tiles per chunk of the fused float32 path (P, dS and their rows in L1)
 
@@ -213,7 +235,7 @@ def _kblock(q2, k2, v2, do2, l1, delta, dq, dk, dv, base, n, p, pp, J, scale, qp
 def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase, kp, n, p, J,
               scale, col_ptr, col_tile, tile_row, tile_mask, masks, ranges, chunk, kc, qc, doc,
               dqc, lc, dc, mbits, pbuf, sbuf, dkacc, dvacc, roff, rowsrc, rng, qnew,
-              knew):  # pragma: no cover - compiled
+              knew, bf, dw, qpr, dopr, qcp, docp, skeys, roffd):  # pragma: no cover - compiled
     """Key block ``J`` of piece ``p`` for float32, 32-token tiles and ``d`` a multiple of
     16: the register-blocked passes of :mod:`._llvm_bwd` on chunks of ``chunk`` tiles.
 
@@ -233,10 +255,18 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
     zeroed just before the chunk that first adds to it (or written by a gathered
     chunk), and a ``dk``, ``dv`` row whose flag ``knew[kp[x]]`` is set is written rather
     than added to, with non-temporal stores where rows are whole cache lines (not read
-    from memory first); each flag is cleared then."""
+    from memory first); each flag is cleared then.
+
+    ``bf`` (bf16 inputs, :func:`backward_bf16`): ``q2, do2, k2, v2`` hold bf16 pairs in
+    float32 words (``dw = d / 2`` of them a row; ``dw = d`` otherwise), ``qpr``, ``dopr`` the same ``q`` and ``dO``
+    interleaved by pairs of rows (``qcp``, ``docp``: of gathered rows); the products are
+    ``vdpbf16ps`` (:func:`._llvm_bwd._dscores32_bf16` and the ``_bf16`` passes), ``P``
+    and ``dS`` rounded to bf16 between them, ``dS`` by keys in ``skeys``; the
+    gradients float32. ``roff`` then counts words, ``roffd`` the float32 ``dq`` rows."""
     _wide()
-    d = q2.shape[1]
+    d = dq.shape[1]
     qf, dof, dqf = q2.reshape(q2.size), do2.reshape(do2.size), dq.reshape(dq.size)
+    qpf, dopf = qpr.reshape(qpr.size), dopr.reshape(dopr.size)
     nb = (n + 31) // 32
     u0 = col_ptr[p * nb + J]
     u1 = col_ptr[p * nb + J + 1]
@@ -250,11 +280,14 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
     vt = kc[64 * d: 96 * d]
     for x in range(cols):
         src = kbase + kp[J * 32 + x]
-        _copy(kv, x * d, k2, src * d, d)
-        rowsrc[x] = src * d
+        if not bf:
+            _copy(kv, x * d, k2, src * d, d)
+        elif x % 2 == 0:  # key rows by pairs, for dQ += dS K (cols is 32)
+            _pair_rows(kv, x * dw, k2, src * dw, (kbase + kp[J * 32 + x + 1]) * dw, dw)
+        rowsrc[x] = src * dw
     if cols == 32:
         for x0 in range(0, 32, 16):
-            for c0 in range(0, d, 16):
+            for c0 in range(0, dw, 16):
                 _transpose16(k2, rowsrc, x0, c0, kt, c0 * 32 + x0, 32)
                 _transpose16(v2, rowsrc, x0, c0, vt, c0 * 32 + x0, 32)
     else:
@@ -285,7 +318,8 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
             if not gather:  # 32 consecutive rows from row base + s0: loops that vectorize
                 s0 = qp[I * 32]
                 for r in range(32):
-                    roff[x0 + r] = (base + s0 + r) * d
+                    roff[x0 + r] = (base + s0 + r) * dw
+                    roffd[x0 + r] = (base + s0 + r) * d
                     lc[x0 + r] = l2[s0 + r]
                     dc[x0 + r] = delta[s0 + r]
                 if qnew.size > 0:
@@ -303,13 +337,14 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
             else:
                 for r in range(32):
                     x = x0 + r
-                    roff[x] = x * d
+                    roff[x] = x * dw
+                    roffd[x] = x * d
                     if r >= rows:  # padding of the last block: zero rows, no keys
                         lc[x] = 0.0
                         dc[x] = 0.0
                         mbits[x] = 0
-                        _zero(qc, x * d, d)
-                        _zero(doc, x * d, d)
+                        _zero(qc, x * dw, dw)
+                        _zero(doc, x * dw, dw)
                         continue
                     s = qp[I * 32 + r]
                     bits = (np.uint32(masks[mi, r, 0] & np.uint64(0xFFFFFFFF)) if mi >= 0
@@ -317,23 +352,35 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
                     lc[x] = l2[s]
                     dc[x] = delta[s]
                     mbits[x] = bits & colbits & ok[s]
-                    _copy(qc, x * d, q2, (base + s) * d, d)
-                    _copy(doc, x * d, do2, (base + s) * d, d)
+                    _copy(qc, x * dw, q2, (base + s) * dw, dw)
+                    _copy(doc, x * dw, do2, (base + s) * dw, dw)
                     rowsrc[x] = s
             sel = mi if mi >= 0 else full
             for e in range(32):
                 rng[x0 + e] = ranges[sel, e]
         if gather:
-            qa, doa, dqa = qc, doc, dqc
+            qa, doa, dqa, qpa, dopa = qc, doc, dqc, qcp, docp
             _zero(dqc, 0, nt * 32 * d)
+            if bf:  # the gathered rows by pairs too
+                for x in range(0, nt * 32, 2):
+                    _pair_rows(qcp, x * dw, qc, x * dw, (x + 1) * dw, dw)
+                    _pair_rows(docp, x * dw, doc, x * dw, (x + 1) * dw, dw)
         else:
-            qa, doa, dqa = qf, dof, dqf
-        _dscores32(qa, doa, roff, kt, vt, nt * 32, d, alpha, lc, dc, mbits, np.float32(scale),
-                   pbuf, sbuf)
-        for w in range(2):  # dV += P^T dO, dK += dS^T Q (one call site: compiled once)
-            _dkv32(pbuf if w == 0 else sbuf, doa if w == 0 else qa, roff,
-                   dvacc if w == 0 else dkacc, nt, rng, d)
-        _dq32(sbuf, kv, dqa, roff, nt, rng, d)
+            qa, doa, dqa, qpa, dopa = qf, dof, dqf, qpf, dopf
+        if bf:
+            _dscores32_bf16(qa, doa, roff, kt, vt, nt * 32, dw, alpha, lc, dc, mbits,
+                            np.float32(scale), pbuf, sbuf, skeys)
+            for w in range(2):
+                _dkv32_bf16(pbuf if w == 0 else sbuf, dopa if w == 0 else qpa, roff,
+                            dvacc if w == 0 else dkacc, nt, rng, d)
+            _dq32_bf16(skeys, kv, dqa, roffd, nt, rng, d)
+        else:
+            _dscores32(qa, doa, roff, kt, vt, nt * 32, d, alpha, lc, dc, mbits,
+                       np.float32(scale), pbuf, sbuf)
+            for w in range(2):  # dV += P^T dO, dK += dS^T Q (one call site: compiled once)
+                _dkv32(pbuf if w == 0 else sbuf, doa if w == 0 else qa, roff,
+                       dvacc if w == 0 else dkacc, nt, rng, d)
+            _dq32(sbuf, kv, dqa, roffd, nt, rng, d)
         if gather:
             for a in range(a0, a1):
                 x0 = (a - a0) * 32
@@ -399,6 +446,31 @@ def _delta_rows(do2, o2, base, n, out, precise):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, fastmath=_FM)
+def _delta_rows_bf16(do2, o2, base, n, dw, out):  # pragma: no cover - compiled
+    """:func:`_delta_rows` of bf16 rows (``dw`` float32 words of two bf16 each, a
+    multiple of 16), widened in registers, summed in float32 over 16 lanes."""
+    _wide()
+    du = do2.reshape(do2.size).view(np.uint32)
+    ou = o2.reshape(o2.size).view(np.uint32)
+    high = np.uint32(0xFFFF0000)
+    lanes = np.empty(16, np.float32)
+    for i in range(n):
+        r = (base + i) * dw
+        a, b = du[r: r + dw], ou[r: r + dw]  # row views: vectorized
+        for e in range(16):
+            lanes[e] = 0.0
+        for c0 in range(0, dw, 16):
+            for e in range(16):
+                x, y = a[c0 + e], b[c0 + e]
+                lanes[e] += (_bits_to_f32(x << np.uint32(16)) * _bits_to_f32(y << np.uint32(16))
+                             + _bits_to_f32(x & high) * _bits_to_f32(y & high))
+        acc = np.float32(0.0)
+        for e in range(16):
+            acc += lanes[e]
+        out[i] = acc
+
+
+@numba.njit(cache=True, fastmath=_FM)
 def _stats32(l1, base, i0, i1, l2, ok):  # pragma: no cover - compiled
     """For ``i0 <= i < i1``: ``l2[i] = l1[base + i] log2 e`` and ``ok[i]`` all ones, or
     ``0`` and ``0`` where ``l1[base + i]`` is ``-inf`` (a row without keys)."""
@@ -416,7 +488,7 @@ def _stats32(l1, base, i0, i1, l2, ok):  # pragma: no cover - compiled
 def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group, qperm, kperm,
               col_ptr, col_tile, tile_row, tile_mask, masks, block, chunk, precise, fused,
               ranges, qstart, qstep, item_ptr, items, item_order, item_rows,
-              T):  # pragma: no cover - compiled
+              T, bf, qpr, dopr):  # pragma: no cover - compiled
     """Every (batch, head) in parallel. A piece with work items (``items[item_ptr[p]:
     item_ptr[p + 1]]``, ranges of its blocks that its tiles do not leave, see
     :func:`_backward_items`) has each item's q, dO, k, v rows (``fused``: q and dO
@@ -425,9 +497,12 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
     gradients accumulated there in place (every block a run; ``fused``: dq, while dk
     and dv go to their rows from each key block) and added back to their rows once;
     the others read (``fused``) or gather (:func:`_kblock`) the query rows of each
-    chunk of tiles. ``T``: numba's thread count (one set of item buffers each)."""
+    chunk of tiles. ``T``: numba's thread count (one set of item buffers each).
+    ``bf``: bf16 inputs as in :func:`_kblock32` (``q2, k2, v2, o2, do2``: words; ``qpr``,
+    ``dopr``: ``q`` and ``dO`` by pairs of rows; an item pairs its copies of them)."""
     _wide()
-    d = q2.shape[1]
+    d = dq.shape[1]
+    dw = d // 2 if bf else d
     qf, dof, dqf = q2.reshape(q2.size), do2.reshape(do2.size), dq.reshape(dq.size)
     kf, vf = k2.reshape(k2.size), v2.reshape(v2.size)
     dkf, dvf = dk.reshape(dk.size), dv.reshape(dv.size)
@@ -441,13 +516,16 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
     istep = np.ones((1, nb), dtype=qstep.dtype)
     # item buffers of each thread: q, dO, dq (fused) or q, dO, k, v, dq, dk, dv rows
     R = item_rows
-    A = 3 if fused else 7
+    A = (5 if bf else 3) if fused else 7  # bf16: also q and dO by pairs of rows
     items_ib = _aligned(T * A * R * d, q2).reshape((T, A, R, d))
     for bh in prange(BH):
         base = bh * n
         g = (bh % H) % G
         dl = np.empty(n, dt)
-        _delta_rows(do2, o2, base, n, dl, precise)
+        if bf:
+            _delta_rows_bf16(do2, o2, base, n, dw, dl)
+        else:
+            _delta_rows(do2, o2, base, n, dl, precise)
         l2 = np.empty(n if fused else 0, dt)  # the fused path's statistics (see _kblock32)
         ok = np.empty(n if fused else 0, np.uint32)
         _stats32(l1, base, 0, n, l2, ok)
@@ -473,6 +551,10 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
         dqc = _aligned(max(chunk * block, c32) * d, q2)
         rowsrc = np.empty(max(chunk * block, c32, block), np.int64)
         roff = np.empty(c32, np.int64)
+        roffd = np.empty(c32, np.int64)
+        qcp = _aligned(c32 * d if bf else 0, q2)  # bf16: gathered rows by pairs, dS by keys
+        docp = _aligned(c32 * d if bf else 0, q2)
+        skeys = _aligned(c32 * 16 if bf else 0, q2)
         rng = np.empty(c32, np.int64)
         ib = items_ib[numba.get_thread_id()]
         iq = 2 if fused else 4  # where the gradients start
@@ -494,6 +576,7 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                 wl1, wl2, wdl, wok, wqnew = l1, l2, dl, ok, qnew
                 wqperm, wkperm, wpp, wstart, wstep = qperm, kperm, p, qstart, qstep
                 wqf, wdof, wdqf = qf, dof, dqf
+                wqp, wdop = qpr, dopr
                 wbase, J0, J1 = base, 0, nb
                 if nit > 0:
                     it = item_ptr[p] + u
@@ -507,7 +590,11 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                         dst = ib[a].reshape(R * d)
                         for t in range(o0, o0 + x1 - x0):
                             x = item_order[t]
-                            _copy(dst, (x - x0) * d, src, (base + perm[x]) * d, d)
+                            _copy(dst, (x - x0) * dw, src, (base + perm[x]) * dw, dw)
+                        if bf:  # and by pairs of rows (x1 - x0 is even)
+                            paired = ib[3 + a].reshape(R * d)
+                            for x in range(0, x1 - x0, 2):
+                                _pair_rows(paired, x * dw, dst, x * dw, (x + 1) * dw, dw)
                     for t in range(o0, o0 + x1 - x0):
                         x = item_order[t]
                         ll[x - x0] = l1[base + perm[x]]
@@ -521,6 +608,7 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                     wl1, wl2, wdl, wok, wqnew = ll, ll2, ldl, lok, noflags
                     wqperm, wpp, wstart, wstep = ident, 0, istart, istep
                     wqf, wdof, wdqf = lq.reshape(R * d), ldo.reshape(R * d), ldq.reshape(R * d)
+                    wqp, wdop = ib[3 % A], ib[4 % A]
                     if not fused:
                         wk, wv, wdk, wdv, wkperm = lk, lv, ldk, ldv, ident
                 for J in range(J0, J1):
@@ -529,7 +617,8 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                                   k2, v2, dk, dv, base, kperm[p], n, p, J, scale, col_ptr,
                                   col_tile, tile_row, tile_mask, masks, ranges, chunk, kc, qc,
                                   doc, dqc, lc, dc, mbits, sbuf, dpbuf, dkacc, dvacc, roff,
-                                  rowsrc, rng, wqnew, knew)
+                                  rowsrc, rng, wqnew, knew, bf, dw, wqp, wdop, qcp, docp, skeys,
+                                  roffd)
                     else:
                         _kblock(wq, wk, wv, wdo, wl1, wdl, wdq, wdk, wdv, wbase, n, p, wpp, J,
                                 scale, wqperm, wkperm, col_ptr, col_tile, tile_row, tile_mask,
@@ -599,5 +688,60 @@ def backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np
                   _CHUNK32 if fused else int(chunk), q.dtype == np.float64, fused, ranges,
                   *plan.memo("cpu.qsteps", lambda: _block_steps(plan.qperm, plan.block)),
                   *plan.memo("cpu.backward_items", lambda: _backward_items(plan)),
-                  numba.get_num_threads())
+                  numba.get_num_threads(), False, _flat(q), _flat(do))
+    return dq, dk, dv
+
+
+def backward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np.ndarray,
+                  do: np.ndarray, plan, *, scale: float) -> tuple[np.ndarray, ...]:
+    """:func:`backward` on bf16 inputs with bf16 products, where
+    :func:`._forward.bf16_applies`: ``q, k, v, o, do`` are the bf16 words
+    (C-contiguous ``int16`` or ``uint16`` ``(B, H, n, d)`` arrays), ``lse`` float32.
+    ``S``, ``dP``, ``dV``, ``dK`` and ``dQ`` are ``vdpbf16ps`` products with float32
+    accumulation; ``P`` and ``dS`` are rounded to bf16 between them (``delta``, the
+    exponentials and ``dS`` itself are float32).
+
+    Returns
+    -------
+    dq, dk, dv : numpy.ndarray
+        float32, like :func:`backward`'s.
+
+    Examples
+    --------
+    >>> import numpy as np, sparse_patterns as sps
+    >>> from sparse_patterns.kernels.cpu import bf16_applies, forward_bf16
+    >>> pl = sps.plan(sps.make("strided", 64, stride=8), block=32)
+    >>> w = (np.random.default_rng(0).standard_normal((1, 1, 64, 32), np.float32)
+    ...      .view(np.uint32) >> 16).astype(np.uint16)  # bf16 words (truncated)
+    >>> if bf16_applies(pl, 32):
+    ...     o, lse = forward_bf16(w, w, w, pl, scale=0.18)
+    ...     o16 = (o.view(np.uint32) >> 16).astype(np.uint16)
+    ...     shapes = [g.shape for g in backward_bf16(w, w, w, o16, lse, w, pl, scale=0.18)]
+    ... else:
+    ...     shapes = [w.shape] * 3
+    >>> shapes
+    [(1, 1, 64, 32), (1, 1, 64, 32), (1, 1, 64, 32)]
+    """
+    B, H, n, d = q.shape
+    if not _AVX512_BF16 or plan.block != 32 or n % 32 or d % 32:
+        raise ValueError(f"q: bf16 products need AVX512_BF16, block 32, n and d multiples of 32; "
+                         f"got block {plan.block}, n={n}, d={d}")
+    dq, dk, dv = (_buffer(q.shape, np.float32) for _ in range(3))
+    w = [np.ascontiguousarray(a).reshape(-1).view(np.float32).reshape(B * H * n, d // 2)
+         for a in (q, k, v, o, do)]
+    pairs = []
+    for a in (w[0], w[4]):  # q and dO by pairs of rows (dV += P^T dO, dK += dS^T Q)
+        out = _buffer(a.shape, np.float32)
+        _pair_all(a.reshape(-1), B * H, n, n, d // 2, out.reshape(-1))
+        pairs.append(out)
+    col_ptr, col_tile = plan.column_index()
+    ranges = plan.memo("cpu.tile_ranges", lambda: _tile_ranges(plan.masks))
+    with single_threaded_blas(), _threads_for(2.5 * plan.flops(B, H, d)[1]):
+        _backward(*w, lse.reshape(-1).astype(np.float32, copy=False), _flat(dq), _flat(dk),
+                  _flat(dv), B * H, H, np.float32(scale), plan.num_groups, plan.piece_group,
+                  plan.qperm, plan.kperm, col_ptr, col_tile, plan.tile_rows(),
+                  plan.tile_mask, plan.masks, plan.block, _CHUNK32, False, True, ranges,
+                  *plan.memo("cpu.qsteps", lambda: _block_steps(plan.qperm, plan.block)),
+                  *plan.memo("cpu.backward_items", lambda: _backward_items(plan)),
+                  numba.get_num_threads(), True, *pairs)
     return dq, dk, dv

@@ -48,7 +48,7 @@ __all__ = [
     "_FM", "_LOG2E", "_AVX512", "_AVX512_BF16", "_bf16_dot", "_EXP2_POLY", "_wide", "_copy", "_copy_nt",
     "_zero",
     "_bits_to_f32", "_exp2f", "_transpose16", "_exp32", "_exp_rows32", "_pv32", "_pv32_dense", "_scores32",
-    "_exp32_bf16", "_pv32_bf16", "_pv32_dense_bf16", "_scores32_bf16", "_pair_rows",
+    "_exp32_bf16", "_pack_bf16", "_cat_bf16", "_pv32_bf16", "_pv32_dense_bf16", "_scores32_bf16", "_pair_rows",
 ]
 
 _LOG2E = 1.4426950408889634
@@ -310,6 +310,16 @@ def _pack_bf16(builder, lo, hi):
     a, b = (builder.bitcast(builder.fptrunc(x, bt), ht) for x in (lo, hi))
     mask = [x for i in range(16) for x in (i, 16 + i)]
     both = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 32), mask))
+    return builder.bitcast(both, lo.type)
+
+
+def _cat_bf16(builder, lo, hi):
+    """16 words of bf16 from two vectors of 16 float32, in order: ``lo`` rounded to bf16
+    in elements 0-15, ``hi`` in 16-31 (word ``i`` holds elements ``2i, 2i + 1``)."""
+    ht = ir.VectorType(ir.IntType(16), 16)
+    bt = ir.VectorType(_BFloat(), 16)
+    a, b = (builder.bitcast(builder.fptrunc(x, bt), ht) for x in (lo, hi))
+    both = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 32), list(range(32))))
     return builder.bitcast(both, lo.type)
 
 

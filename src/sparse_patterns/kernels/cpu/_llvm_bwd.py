@@ -35,9 +35,10 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from ._llvm import _emit_exp2, _splat
+from ._llvm import _AVX512_BF16, _bf16_dot, _cat_bf16, _emit_exp2, _pack_bf16, _splat
 
-__all__ = ["_dscores32", "_dkv32", "_dq32", "_tile_ranges", "_GROUP"]
+__all__ = ["_dscores32", "_dkv32", "_dq32", "_tile_ranges", "_GROUP", "_dscores32_bf16",
+           "_dkv32_bf16", "_dq32_bf16"]
 
 _GROUP = 4  # rows per register block: 4 rows x 4 vectors (or 2 x 2 x 4) = 16 accumulators
 _VT = ir.VectorType(ir.FloatType(), 16)
@@ -115,23 +116,12 @@ def _columns(builder, d, body):
         body(builder.add(builder.mul(whole, _I64(64)), builder.mul(cl.index, _I64(16))), 1)
 
 
-@intrinsic
-def _dscores32(typingctx, q, do, roff, kt, vt, m, d, alpha, lc, dl, bits, dscale, pbuf,
-               sbuf):  # pragma: no cover - compiled
-    """``P`` and ``dS`` of ``m`` query rows (a multiple of 4) against 32 keys.
-
-    For row ``r`` (``Q`` row at ``q[roff[r]]``, ``dO`` row at ``do[roff[r]]``) and key
-    ``j``: ``s = sum_c q[roff[r] + c] kt[c*32 + j]``, ``dp = sum_c do[roff[r] + c]
-    vt[c*32 + j]``; ``pbuf[r*32 + j] = 2**(alpha s - lc[r])`` and ``sbuf[r*32 + j] =
-    dscale * P * (dp - dl[r])`` where bit ``j`` of ``bits[r]`` is set, else 0 (a masked
-    key, or a row without keys: ``bits[r] = 0``, ``lc[r]`` finite). The exponential is
-    :func:`._llvm._emit_exp2` (NaN stays NaN); the accumulators are 4 rows x 2 vectors
-    x (``S``, ``dP``), and a half of the keys that none of the 4 rows sees is not
-    multiplied."""
+def _dscores_codegen(bf16: bool):
+    """The IR of :func:`_dscores32` and (``bf16``) of :func:`_dscores32_bf16`."""
     G = _GROUP
 
     def codegen(context, builder, signature, args):
-        if not _f32(context, signature, 0):
+        if not _f32(context, signature, 0) or (bf16 and not _AVX512_BF16):
             return context.get_dummy_value()
         qp, dop, rp, ktp, vtp = (_data(context, builder, signature, args, i) for i in range(5))
         m_, d_ = (_int(context, builder, signature, args, i) for i in (5, 6))
@@ -170,10 +160,11 @@ def _dscores32(typingctx, q, do, roff, kt, vt, m, d, alpha, lc, dl, bits, dscale
                         a = _bcast(builder, qp, builder.add(offs[u], c))
                         b = _bcast(builder, dop, builder.add(offs[u], c))
                         for h in halves:
-                            builder.store(builder.call(fma, [a, kv[h], builder.load(acc[0][u][h])]),
-                                          acc[0][u][h])
-                            builder.store(builder.call(fma, [b, vv[h], builder.load(acc[1][u][h])]),
-                                          acc[1][u][h])
+                            for w, x, y in ((0, a, kv[h]), (1, b, vv[h])):
+                                z = builder.load(acc[w][u][h])
+                                z = (_bf16_dot(builder, z, x, y) if bf16
+                                     else builder.call(fma, [x, y, z]))
+                                builder.store(z, acc[w][u][h])
 
             # a half of the keys that no row of the group sees (in a partial tile: a
             # diagonal one, a band's edge) is skipped; its P and dS come out 0 below
@@ -194,6 +185,7 @@ def _dscores32(typingctx, q, do, roff, kt, vt, m, d, alpha, lc, dl, bits, dscale
                         with hi_only:
                             with builder.if_then(high):
                                 products((1,))
+            out = [[None, None] for u in range(G)]  # [row][half]: (P, dS)
             for u in range(G):
                 r = rows[u]
                 shift = _bcast(builder, lp, r)
@@ -205,25 +197,64 @@ def _dscores32(typingctx, q, do, roff, kt, vt, m, d, alpha, lc, dl, bits, dscale
                     keep = builder.bitcast(builder.trunc(builder.lshr(word, ir.Constant(word.type, 16 * h)),
                                                          ir.IntType(16)), ir.VectorType(ir.IntType(1), 16))
                     ds = builder.fmul(builder.fmul(p, dsv), builder.fsub(builder.load(acc[1][u][h]), delta))
-                    off = builder.add(builder.mul(r, _I64(32)), _I64(16 * h))
-                    builder.store(builder.select(keep, p, zero), _vec(builder, pp, off), align=4)
-                    builder.store(builder.select(keep, ds, zero), _vec(builder, sp, off), align=4)
+                    out[u][h] = (builder.select(keep, p, zero), builder.select(keep, ds, zero))
+                    if not bf16:
+                        off = builder.add(builder.mul(r, _I64(32)), _I64(16 * h))
+                        builder.store(out[u][h][0], _vec(builder, pp, off), align=4)
+                        builder.store(out[u][h][1], _vec(builder, sp, off), align=4)
+            if bf16:  # P, dS by pairs of rows; dS by pairs of keys (its rows in bf16)
+                kp_ = _data(context, builder, signature, args, 14)
+                for u in range(0, G, 2):
+                    pair = builder.add(builder.sdiv(r0, _I64(2)), _I64(u // 2))
+                    for h in range(2):
+                        off = builder.add(builder.mul(pair, _I64(32)), _I64(16 * h))
+                        for w, ptr in ((0, pp), (1, sp)):
+                            builder.store(_pack_bf16(builder, out[u][h][w], out[u + 1][h][w]),
+                                          _vec(builder, ptr, off), align=4)
+                for u in range(G):
+                    builder.store(_cat_bf16(builder, out[u][0][1], out[u][1][1]),
+                                  _vec(builder, kp_, builder.mul(rows[u], _I64(16))), align=4)
         return context.get_dummy_value()
-    return types.none(q, do, roff, kt, vt, m, d, alpha, lc, dl, bits, dscale, pbuf, sbuf), codegen
+    return codegen
 
 
 @intrinsic
-def _dkv32(typingctx, mat, src, roff, acc, nt, rng, d):  # pragma: no cover - compiled
-    """``acc[j*d + c] += sum_r mat[r*32 + j] * src[roff[r] + c]`` for the 32 keys ``j``
-    of a chunk of ``nt`` tiles (rows ``r = 32 t + i``): ``dV += P^T dO`` or
-    ``dK += dS^T Q``. Keys ``4g .. 4g+3`` take only rows ``rng[t*32 + 2g] <= i <
-    rng[t*32 + 2g + 1]`` of tile ``t`` (the others' ``mat`` entries are 0 there).
-    Accumulators: 4 keys x 4 vectors (64 columns); a ``src`` row is loaded once per
-    key group and each ``mat`` entry broadcast."""
+def _dscores32(typingctx, q, do, roff, kt, vt, m, d, alpha, lc, dl, bits, dscale, pbuf,
+               sbuf):  # pragma: no cover - compiled
+    """``P`` and ``dS`` of ``m`` query rows (a multiple of 4) against 32 keys.
+
+    For row ``r`` (``Q`` row at ``q[roff[r]]``, ``dO`` row at ``do[roff[r]]``) and key
+    ``j``: ``s = sum_c q[roff[r] + c] kt[c*32 + j]``, ``dp = sum_c do[roff[r] + c]
+    vt[c*32 + j]``; ``pbuf[r*32 + j] = 2**(alpha s - lc[r])`` and ``sbuf[r*32 + j] =
+    dscale * P * (dp - dl[r])`` where bit ``j`` of ``bits[r]`` is set, else 0 (a masked
+    key, or a row without keys: ``bits[r] = 0``, ``lc[r]`` finite). The exponential is
+    :func:`._llvm._emit_exp2` (NaN stays NaN); the accumulators are 4 rows x 2 vectors
+    x (``S``, ``dP``), and a half of the keys that none of the 4 rows sees is not
+    multiplied."""
+    return (types.none(q, do, roff, kt, vt, m, d, alpha, lc, dl, bits, dscale, pbuf, sbuf),
+            _dscores_codegen(False))
+
+
+@intrinsic
+def _dscores32_bf16(typingctx, q, do, roff, kt, vt, m, dw, alpha, lc, dl, bits, dscale, pbuf,
+                    sbuf, skeys):  # pragma: no cover - compiled
+    """:func:`_dscores32` on bf16 inputs (float32 containers of bf16 pairs, ``dw`` words
+    a row; ``roff`` in words; ``kt``, ``vt`` by words, ``dw x 32``): the products are
+    ``vdpbf16ps``, the exponential and ``dS`` float32, and the results stored in bf16
+    for the next passes: ``pbuf`` and ``sbuf`` by pairs of rows (word ``(r/2)*32 + j``:
+    rows ``r, r + 1`` of key ``j``, for :func:`_dkv32_bf16`), ``skeys`` by pairs of keys
+    (``dS``'s rows in bf16: word ``r*16 + j/2``, for :func:`_dq32_bf16`)."""
+    return (types.none(q, do, roff, kt, vt, m, dw, alpha, lc, dl, bits, dscale, pbuf, sbuf,
+                       skeys), _dscores_codegen(True))
+
+
+def _dkv_codegen(bf16: bool):
+    """The IR of :func:`_dkv32` and (``bf16``: a step is a pair of rows) of
+    :func:`_dkv32_bf16`."""
     G = _GROUP
 
     def codegen(context, builder, signature, args):
-        if not _f32(context, signature, 0):
+        if not _f32(context, signature, 0) or (bf16 and not _AVX512_BF16):
             return context.get_dummy_value()
         mp, sp, rp, ap = (_data(context, builder, signature, args, i) for i in range(4))
         nt_, d_ = (_int(context, builder, signature, args, i) for i in (4, 6))
@@ -244,16 +275,26 @@ def _dkv32(typingctx, mat, src, roff, acc, nt, rng, d):  # pragma: no cover - co
                     t32 = builder.mul(tl.index, _I64(32))
                     lo = builder.load(builder.gep(gp, [builder.add(t32, builder.mul(g, _I64(2)))]))
                     hi = builder.load(builder.gep(gp, [builder.add(t32, builder.add(builder.mul(g, _I64(2)), _I64(1)))]))
+                    if bf16:  # pairs of rows: the first one's .. the last one's
+                        lo = builder.ashr(lo, _I64(1))
+                        hi = builder.ashr(builder.add(hi, _I64(1)), _I64(1))
                     with cgutils.for_range(builder, builder.sub(hi, lo)) as rl:
-                        r = builder.add(t32, builder.add(lo, rl.index))
-                        so = builder.add(builder.load(builder.gep(rp, [r])), c0)
+                        # a row, or (bf16) a pair of rows: the tile's 16 pairs, then the
+                        # paired src row at the first row's offset
+                        r = builder.add(builder.sdiv(t32, _I64(2)) if bf16 else t32,
+                                        builder.add(lo, rl.index))
+                        first = builder.mul(r, _I64(2)) if bf16 else r
+                        so = builder.add(builder.load(builder.gep(rp, [first])), c0)
                         x = [builder.load(_vec(builder, sp, builder.add(so, _I64(16 * c))), align=4)
                              for c in range(W)]
                         mrow = builder.add(builder.mul(r, _I64(32)), builder.mul(g, _I64(G)))
                         for u in range(G):
                             pu = _bcast(builder, mp, builder.add(mrow, _I64(u)))
                             for c in range(W):
-                                builder.store(builder.call(fma, [pu, x[c], builder.load(a[u][c])]), a[u][c])
+                                z = builder.load(a[u][c])
+                                z = (_bf16_dot(builder, z, pu, x[c]) if bf16
+                                     else builder.call(fma, [pu, x[c], z]))
+                                builder.store(z, a[u][c])
                 for u in range(G):
                     for c in range(W):
                         builder.store(builder.load(a[u][c]),
@@ -261,21 +302,37 @@ def _dkv32(typingctx, mat, src, roff, acc, nt, rng, d):  # pragma: no cover - co
 
             _columns(builder, d_, body)
         return context.get_dummy_value()
-    return types.none(mat, src, roff, acc, nt, rng, d), codegen
+    return codegen
 
 
 @intrinsic
-def _dq32(typingctx, mat, kv, dst, roff, nt, rng, d):  # pragma: no cover - compiled
-    """``dst[roff[r] + c] += sum_j mat[r*32 + j] * kv[j*d + c]`` for the rows
-    ``r = 32 t + i`` of a chunk of ``nt`` tiles against 32 key rows ``kv``: ``dQ += dS K``.
-    Rows ``4g .. 4g+3`` of tile ``t`` take only keys ``rng[t*32 + 16 + 2g] <= j <
-    rng[t*32 + 17 + 2g]`` (the others' ``mat`` entries are 0); a group that sees no
-    key is not read or written. Accumulators: 4 rows x 4 vectors, loaded from and
-    stored to ``dst``."""
+def _dkv32(typingctx, mat, src, roff, acc, nt, rng, d):  # pragma: no cover - compiled
+    """``acc[j*d + c] += sum_r mat[r*32 + j] * src[roff[r] + c]`` for the 32 keys ``j``
+    of a chunk of ``nt`` tiles (rows ``r = 32 t + i``): ``dV += P^T dO`` or
+    ``dK += dS^T Q``. Keys ``4g .. 4g+3`` take only rows ``rng[t*32 + 2g] <= i <
+    rng[t*32 + 2g + 1]`` of tile ``t`` (the others' ``mat`` entries are 0 there).
+    Accumulators: 4 keys x 4 vectors (64 columns); a ``src`` row is loaded once per
+    key group and each ``mat`` entry broadcast."""
+    return types.none(mat, src, roff, acc, nt, rng, d), _dkv_codegen(False)
+
+
+@intrinsic
+def _dkv32_bf16(typingctx, mat, src, roff, acc, nt, rng, d):  # pragma: no cover - compiled
+    """:func:`_dkv32` on bf16: ``mat`` by pairs of rows (word ``(r/2)*32 + j``, as
+    :func:`_dscores32_bf16` stores ``P`` and ``dS``), ``src`` rows interleaved by pairs
+    (the ``d`` words at ``src[roff[r]]``, ``r`` even, hold column ``c`` of rows ``r``
+    and ``r + 1`` in word ``c``), ``acc`` float32; a row range is widened to whole
+    pairs (``mat`` is 0 for the extra row). One ``vdpbf16ps`` per pair of rows."""
+    return types.none(mat, src, roff, acc, nt, rng, d), _dkv_codegen(True)
+
+
+def _dq_codegen(bf16: bool):
+    """The IR of :func:`_dq32` and (``bf16``: a step is a pair of keys) of
+    :func:`_dq32_bf16`."""
     G = _GROUP
 
     def codegen(context, builder, signature, args):
-        if not _f32(context, signature, 0):
+        if not _f32(context, signature, 0) or (bf16 and not _AVX512_BF16):
             return context.get_dummy_value()
         mp, kp, dp, rp = (_data(context, builder, signature, args, i) for i in range(4))
         nt_, d_ = (_int(context, builder, signature, args, i) for i in (4, 6))
@@ -288,6 +345,9 @@ def _dq32(typingctx, mat, kv, dst, roff, nt, rng, d):  # pragma: no cover - comp
             at = builder.add(builder.mul(t, _I64(32)), builder.add(_I64(16), builder.mul(g, _I64(2))))
             lo = builder.load(builder.gep(gp, [at]))
             hi = builder.load(builder.gep(gp, [builder.add(at, _I64(1))]))
+            if bf16:  # pairs of keys
+                lo = builder.ashr(lo, _I64(1))
+                hi = builder.ashr(builder.add(hi, _I64(1)), _I64(1))
             r0 = builder.add(builder.mul(t, _I64(32)), builder.mul(g, _I64(G)))
             rows = [builder.add(r0, _I64(u)) for u in range(G)]
             with builder.if_then(builder.icmp_signed("<", lo, hi)):
@@ -305,9 +365,12 @@ def _dq32(typingctx, mat, kv, dst, roff, nt, rng, d):  # pragma: no cover - comp
                         x = [builder.load(_vec(builder, kp, builder.add(ko, _I64(16 * c))), align=4)
                              for c in range(W)]
                         for u in range(G):
-                            su = _bcast(builder, mp, builder.add(builder.mul(rows[u], _I64(32)), j))
+                            su = _bcast(builder, mp, builder.add(builder.mul(rows[u], _I64(16 if bf16 else 32)), j))
                             for c in range(W):
-                                builder.store(builder.call(fma, [su, x[c], builder.load(a[u][c])]), a[u][c])
+                                z = builder.load(a[u][c])
+                                z = (_bf16_dot(builder, z, su, x[c]) if bf16
+                                     else builder.call(fma, [su, x[c], z]))
+                                builder.store(z, a[u][c])
                     for u in range(G):
                         for c in range(W):
                             builder.store(builder.load(a[u][c]),
@@ -315,5 +378,25 @@ def _dq32(typingctx, mat, kv, dst, roff, nt, rng, d):  # pragma: no cover - comp
 
                 _columns(builder, d_, body)
         return context.get_dummy_value()
-    return types.none(mat, kv, dst, roff, nt, rng, d), codegen
+    return codegen
+
+
+@intrinsic
+def _dq32(typingctx, mat, kv, dst, roff, nt, rng, d):  # pragma: no cover - compiled
+    """``dst[roff[r] + c] += sum_j mat[r*32 + j] * kv[j*d + c]`` for the rows
+    ``r = 32 t + i`` of a chunk of ``nt`` tiles against 32 key rows ``kv``: ``dQ += dS K``.
+    Rows ``4g .. 4g+3`` of tile ``t`` take only keys ``rng[t*32 + 16 + 2g] <= j <
+    rng[t*32 + 17 + 2g]`` (the others' ``mat`` entries are 0); a group that sees no
+    key is not read or written. Accumulators: 4 rows x 4 vectors, loaded from and
+    stored to ``dst``."""
+    return types.none(mat, kv, dst, roff, nt, rng, d), _dq_codegen(False)
+
+
+@intrinsic
+def _dq32_bf16(typingctx, mat, kv, dst, roff, nt, rng, d):  # pragma: no cover - compiled
+    """:func:`_dq32` on bf16: ``mat`` by pairs of keys (``dS``'s rows in bf16, word
+    ``r*16 + j/2``), ``kv`` the 32 key rows interleaved by pairs (16 rows of ``d``
+    words, :func:`._llvm._pair_rows`), ``dst`` float32; a key range is widened to whole
+    pairs. One ``vdpbf16ps`` per pair of keys."""
+    return types.none(mat, kv, dst, roff, nt, rng, d), _dq_codegen(True)
 
