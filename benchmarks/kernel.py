@@ -14,7 +14,7 @@ rate, and the same forwards with bf16 inputs (strided also with a new output arr
 kernel recycles the arrays of outputs its caller dropped, see
 ``sparse_patterns.kernels.cpu._pool._buffer``); the cost of going to n=65,536 with l=sqrt(n); the
 forward's peak memory at 65,536 (a subprocess sampling its resident set); the
-backward/forward ratios (strided, fixed, and strided with bf16 inputs); a training
+backward/forward ratios (strided, fixed) and the bf16 backward speed-ups; a training
 step's attention (``SparseAttention`` forward + backward on torch tensors) against
 SDPA's causal forward + backward; and the first-call (compile or cache load) time.
 
@@ -45,7 +45,7 @@ import numpy as np
 
 import sparse_patterns as sps
 from sparse_patterns.kernels import attention, attention_backward, plan
-from sparse_patterns.kernels.cpu import fma_peak, release_workspace
+from sparse_patterns.kernels.cpu import bf16_applies, fma_peak, release_workspace
 from sparse_patterns.kernels.cpu._llvm import _AVX512_BF16
 
 __all__: list[str] = []
@@ -187,19 +187,24 @@ def main() -> None:
     tdo = torch.from_numpy(do)
     half = [z.to(torch.bfloat16) for z in (tq, tk, tv)]
     o16, lse16 = attention(*half, strided, mode="merged", return_lse=True, block=args.block)
+    of16, lsef16 = attention(*half, pats["fixed"], mode="merged", return_lse=True,
+                             block=args.block)
     do16 = tdo.to(torch.bfloat16)
+    leaves16 = [z.clone().requires_grad_() for z in half]
 
-    def train(fn) -> None:
+    def train(fn, xs=leaves, grad=tdo) -> None:
         """One training step's attention: forward and backward (gradients of q, k, v)."""
-        for z in leaves:
+        for z in xs:
             z.grad = None
-        fn(*leaves).backward(tdo)
+        fn(*xs).backward(grad)
 
     train(attn)
+    train(attn, leaves16, do16)
     timed = {
         "matmul": lambda: a @ a,
         "peak32": lambda: peaks.append(fma_peak("float32", again=True)),
         "train": lambda: train(attn),
+        "train_bf16": lambda: train(attn, leaves16, do16),
         "sdpa_train": lambda: train(lambda *x: sdpa(*x, is_causal=True)),
         "strided_bf16": lambda: attention(*half, strided, mode="merged", block=args.block),
         "fixed_bf16": lambda: attention(*half, pats["fixed"], mode="merged", block=args.block),
@@ -207,6 +212,9 @@ def main() -> None:
                                                     mode="merged", block=args.block),
         "backward_fixed": lambda: attention_backward(q, k, v, of, lsef, do, pats["fixed"],
                                                      mode="merged", block=args.block),
+        "backward_fixed_bf16": lambda: attention_backward(*half, of16, lsef16, do16,
+                                                          pats["fixed"], mode="merged",
+                                                          block=args.block),
         "sdpa": lambda: sdpa(tq, tk, tv, is_causal=True),
         "strided": lambda: attention(q, k, v, strided, mode="merged", block=args.block),
         # the same call with a new output array (the kernel otherwise recycles the
@@ -241,6 +249,10 @@ def main() -> None:
           f"{len(peaks)} measurements): fp32 {peak32 / 1e9:.0f} GFLOP/s, bf16 (vdpbf16ps{'' if _AVX512_BF16 else ': absent, fp32'}) "
           f"{peak16 / 1e9:.0f} GFLOP/s; torch fp32 matmul = {mm_best * 1e9 / peak32 * 100:.0f}% "
           "of the fp32 peak")
+    how = ("bf16 products (vdpbf16ps)" if bf16_applies(plans["strided"], D)
+           else "widened to fp32")
+    print(f"bf16 inputs here: {how}, by sparse_patterns.kernels.cpu.bf16_applies "
+          f"(SPARSE_PATTERNS_BF16={os.environ.get('SPARSE_PATTERNS_BF16', 'auto')})")
     print(f"{args.rounds} rounds, each timing every quantity once (best of {args.repeats} calls; "
           "SDPA: 1). Each figure: from the best times of all rounds, then (the median and range "
           "over rounds of the same figure taken within one round)")
@@ -273,15 +285,18 @@ def main() -> None:
     x = t["backward_fixed"]
     print(f"backward fixed   n={n}: {fig(x.min() * 1e3, x * 1e3, '.0f')} ms = "
           f"{fig(x.min() / t['fixed'].min(), x / t['fixed'], '.2f')}x forward (target <= 2.5x)")
-    x = t["backward_bf16"]
-    print(f"backward strided n={n}, bf16 inputs: {fig(x.min() * 1e3, x * 1e3, '.0f')} ms = "
-          f"{fig(t['backward'].min() / x.min(), t['backward'] / x, '.2f')}x faster than fp32 "
-          "(target >= 1.5x)")
+    for name, key in (("strided", "backward"), ("fixed  ", "backward_fixed")):
+        x, y = t[f"{key}_bf16"], t[key]
+        print(f"backward {name} n={n}, bf16 inputs: {fig(x.min() * 1e3, x * 1e3, '.0f')} ms = "
+              f"{fig(y.min() / x.min(), y / x, '.2f')}x faster than fp32 (target >= 1.5x)")
     x, y = t["train"], t["sdpa_train"]
     print(f"training step (SparseAttention forward + backward, strided, fp32) n={n}: "
           f"{fig(x.min() * 1e3, x * 1e3, '.0f')} ms; SDPA causal forward + backward "
           f"{fig(y.min() * 1e3, y * 1e3, '.0f')} ms = {fig(y.min() / x.min(), y / x, '.1f')}x "
           "(target >= 40x)")
+    z = t["train_bf16"]
+    print(f"training step, bf16 inputs: {fig(z.min() * 1e3, z * 1e3, '.0f')} ms = "
+          f"{fig(x.min() / z.min(), x / z, '.2f')}x faster than fp32")
     print(f"strided n={n2} (l={pat2.params['stride']}): "
           f"{fig(t['strided65k'].min() * 1e3, t['strided65k'] * 1e3, '.0f')} ms = "
           f"{fig(t['strided65k'].min() / t['strided'].min(), t['strided65k'] / t['strided'], '.1f')}x "

@@ -62,7 +62,15 @@ from ._llvm import (
 )
 from ._peak import fma_peak
 from ._pool import _aligned, _buffer
-from ._schedule import _CHUNK, _NO_MASKS, _NO_ROWS, _forward_steps, _group_rows, _masks_t
+from ._schedule import (
+    _CHUNK,
+    _CHUNK_FUSED,
+    _NO_MASKS,
+    _NO_ROWS,
+    _forward_steps,
+    _group_rows,
+    _masks_t,
+)
 
 __all__ = ["forward", "forward_bf16", "bf16_applies", "BF16_MODES"]
 
@@ -154,15 +162,17 @@ def _qblock(q1, k1, v1, vi1, o1, m1, l1, base, kbase, n, d, dw, bf, p, I, scale,
     """Query block ``I`` of piece ``p`` for one (batch, head): continues the online
     softmax of its queries over chunks of tiles. Position ``x`` of the piece's order
     is row ``base + qmap[x]`` of ``q1`` and of the state, and its key and value row
-    ``kbase + kperm_used[x]``. A row of ``q1, k1, v1`` is ``dw`` elements: ``d``, or
-    with ``bf`` (bf16 inputs, :func:`_forward_bf16`) ``d / 2`` float32 words each
-    holding two bf16; then ``vi1`` holds the values interleaved by pairs of rows
-    (:func:`_pair_all`), read where a chunk's keys are used in place, while ``v1``'s
-    rows are paired here where they are copied (for floats ``vi1`` is ``v1``). Every
-    chunk of a bf16 block is whole 32-token tiles (see :func:`bf16_applies`). Between pieces of one softmax group the state of each
+    ``kbase + kperm_used[x]``. Between pieces of one softmax group the state of each
     token lives in ``m1`` (running max), ``l1`` (running sum) and ``o1`` (unnormalized output);
     the ``first`` piece of a group starts it, the ``last`` one normalizes ``o1`` into the
-    output in place, ``m1`` becoming the log-sum-exp."""
+    output in place, ``m1`` becoming the log-sum-exp.
+
+    A row of ``q1, k1, v1`` is ``dw`` elements: ``d``, or with ``bf`` (bf16 inputs,
+    :func:`forward_bf16`) ``d / 2`` float32 words each holding two bf16; then ``vi1``
+    holds the values interleaved by pairs of rows (:func:`_pair_all`), read where a
+    chunk's keys are used in place, while ``v1``'s rows are paired here where they are
+    copied (for floats ``vi1`` is ``v1``). Every chunk of a bf16 block is whole 32-token
+    tiles (see :func:`bf16_applies`)."""
     _wide()
     nb = (n + block - 1) // block
     ninf = -np.inf
@@ -681,7 +691,7 @@ def bf16_applies(plan, d: int) -> bool:
 
 
 def forward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,
-                 chunk: int = _CHUNK, seg: int = 8) -> tuple[np.ndarray, np.ndarray]:
+                 chunk: int = _CHUNK_FUSED, seg: int = 8) -> tuple[np.ndarray, np.ndarray]:
     """:func:`forward` on bf16 inputs with bf16 products: ``q, k, v`` are the bf16
     words (C-contiguous ``int16`` or ``uint16`` ``(B, H, n, d)`` arrays) where
     :func:`bf16_applies`. Scores and ``P V`` are ``vdpbf16ps`` (pairs of bf16
@@ -718,7 +728,7 @@ def forward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: fl
 
 
 def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,
-            chunk: int = _CHUNK, seg: int = 8) -> tuple[np.ndarray, np.ndarray]:
+            chunk: int | None = None, seg: int = 8) -> tuple[np.ndarray, np.ndarray]:
     """Forward kernel on C-contiguous float32 or float64 ``(B, H, n, d)`` arrays.
 
     Inputs are assumed validated (:func:`sparse_patterns.kernels.attention` does it).
@@ -743,6 +753,8 @@ def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,
     ((1, 2, 16, 8), dtype('float64'))
     """
     B, H, n, d = q.shape
+    if chunk is None:  # tiles per step: more where they are fused 32-token float32 tiles
+        chunk = _CHUNK_FUSED if plan.block == 32 and q.dtype == np.float32 else _CHUNK
     out = _buffer(q.shape, q.dtype)
     lse = np.empty(q.shape[:3], dtype=q.dtype)
     with single_threaded_blas(), _threads_for(plan.flops(B, H, d)[1]):
