@@ -1,12 +1,12 @@
 """Half-precision inputs and outputs of the CPU kernel: bf16 and fp16 bits widened to
 float32 and narrowed back, in parallel vector passes.
 
-The kernel computes float16 and bfloat16 inputs in float32 (products on float32
-FMAs, float32 softmax statistics): on the CPUs measured so far a bf16 product
-instruction is not faster per FLOP than a float32 FMA (an Intel Xeon's
-``vdpbf16ps`` reaches half the FMA peak, :func:`._peak.fma_peak`), so the halved
-bytes are the only saving, and this pass is what the half inputs cost on top of
-float32 ones. It reads the 16-bit words (a torch tensor's storage viewed as
+The kernel computes float16 inputs, and bfloat16 ones where bf16 products do not
+apply (:func:`._forward.bf16_applies`: a CPU whose ``vdpbf16ps`` is slower per FLOP
+than its float32 FMAs, such as an Intel Xeon's at half the FMA peak, measured by
+:func:`._peak.fma_peak`; other tile sizes), in float32 (products on float32 FMAs,
+float32 softmax statistics): there the halved bytes are the only saving, and this
+pass is what the half inputs cost on top of float32 ones. It reads the 16-bit words (a torch tensor's storage viewed as
 ``int16``, or a NumPy ``float16`` array viewed so), writes float32 into arrays
 recycled by the calling thread (:func:`._pool._buffer`), and narrows the output with
 round-to-nearest-even (NaN stays NaN). torch's own ``.to(torch.float32)`` of three
