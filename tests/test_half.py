@@ -158,6 +158,7 @@ def test_bf16_products_against_the_oracle(name, params, mode, monkeypatch):
     monkeypatch.setenv("SPARSE_PATTERNS_BF16", "products")
     n = 2048
     pat = sps.make(name, n, **params)
+    assert bf16_applies(sps.plan(pat, mode=mode), 64)
     g = torch.Generator().manual_seed(7)
     q, k, v, do = (torch.randn(1, 2, n, 64, generator=g).to(torch.bfloat16) for _ in range(4))
     out, lse = attention(q, k, v, pat, mode=mode, return_lse=True)
@@ -199,6 +200,50 @@ def test_half_outputs_in_recycled_arrays_stay_the_callers(kind):
     np.testing.assert_array_equal(words(first), keep)
     again = attention(*ins[2], pat)
     assert (third == again).all() and third.dtype == again.dtype
+
+
+@needs_bf16_products
+def test_bf16_products_key_runs_from_an_odd_token(monkeypatch):
+    """A piece whose key blocks are runs of tokens that start at an odd token (summary
+    keys 0..31 and 33..64 of two documents), which the values' pairs of rows do not
+    fit: its rows are paired as they are copied. Golden failure before that: outputs
+    off by 2.4."""
+    monkeypatch.setenv("SPARSE_PATTERNS_BF16", "products")
+    pat = sps.make("global_tokens", 128, tokens=32, documents=[33, 95])
+    assert 33 in sps.plan(pat, mode="multihead").kperm[0][32:64]
+    g = torch.Generator().manual_seed(1)
+    q, k, v, do = (torch.randn(1, 2, 128, 32, generator=g).to(torch.bfloat16) for _ in range(4))
+    out, lse = attention(q, k, v, pat, mode="multihead", return_lse=True)
+    ref = attention(*(t.double() for t in (q, k, v)), pat, mode="multihead", impl="reference")
+    bound = 2.0**-8 * ref.abs() + 2.0**-8 * v.double().abs().max() + 1e-5 * ref.abs().max()
+    assert ((out.double() - ref).abs() <= bound).all()
+    grads = attention_backward(q, k, v, out, lse, do, pat, mode="multihead")
+    widened = attention_backward(*(t.float() for t in (q, k, v, out)), lse, do.float(), pat,
+                                 mode="multihead")
+    for got, want in zip(grads, widened, strict=True):
+        err = (got.double() - want.double()).abs()
+        assert (err <= 2.0**-8 * want.abs() + 2.0**-7 * want.abs().max()).all()
+
+
+def test_bf16_mode_bad_value(monkeypatch):
+    monkeypatch.setenv("SPARSE_PATTERNS_BF16", "fast")
+    q = torch.randn(1, 1, 64, 32).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="SPARSE_PATTERNS_BF16 must be one of auto, products, "
+                                         "widen, got 'fast'"):
+        attention(q, q, q, sps.make("strided", 64, stride=8))
+
+
+@pytest.mark.parametrize(("n", "d", "block"), [(64, 48, 32), (80, 32, 32), (64, 32, 16)])
+def test_bf16_products_asked_for_where_they_cannot_run(n, d, block, monkeypatch):
+    """d or n not a multiple of 32, or 16-token tiles: widened to float32 even with
+    ``SPARSE_PATTERNS_BF16=products``, as accurate as the widened path states."""
+    monkeypatch.setenv("SPARSE_PATTERNS_BF16", "products")
+    pat = sps.make("strided", n, stride=8)
+    assert not bf16_applies(sps.plan(pat, block=block), d)
+    q, k, v = (torch.randn(1, 2, n, d).to(torch.bfloat16) for _ in range(3))
+    out = attention(q, k, v, pat, block=block).double()
+    ref = attention(*(t.double() for t in (q, k, v)), pat, impl="reference", block=block)
+    assert ((out - ref).abs() <= 2.0**-8 * ref.abs() + 1e-5 * ref.abs().max()).all()
 
 
 @pytest.mark.parametrize("path", BF16_PATHS)
@@ -280,9 +325,14 @@ def test_fallback_without_avx512_bf16(tmp_path):
         q = torch.randn(1, 2, 64, 32).to(torch.bfloat16)
         from sparse_patterns.kernels.cpu import bf16_applies
         assert not bf16_applies(sps.plan(pat), 32)  # even asked for products: widened
-        out = attention(q, q, q, pat).double()
+        o16, lse = attention(q, q, q, pat, return_lse=True)
+        out = o16.double()
         ref = attention(q.double(), q.double(), q.double(), pat)
         assert ((out - ref).abs() <= 2.0**-8 * ref.abs() + 1e-5).all()
+        from sparse_patterns.kernels import attention_backward
+        grads = attention_backward(q, q, q, o16, lse, q, pat)
+        want = attention_backward(*(t.float() for t in (q, q, q, o16)), lse, q.float(), pat)
+        assert all(torch.equal(a, b.to(torch.bfloat16)) for a, b in zip(grads, want))
         from sparse_patterns.kernels.cpu import _peak
         assert _peak._kind("bfloat16") == 0 and fma_peak("bfloat16", 1) > 1e9
         print("ok")

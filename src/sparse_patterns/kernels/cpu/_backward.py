@@ -31,6 +31,10 @@ Two implementations of a key block share that frame:
   4-row group sees saves 3% (strided), rows set on first use 2%, non-temporal first
   ``dk``, ``dv`` writes 1-2%. Software prefetch of the next rows cost more than it
   saved; chunks of 1 or 4 tiles, and ``delta`` at first use, were slower.
+* bf16 inputs where :func:`._forward.bf16_applies` (:func:`backward_bf16`): the fused
+  path on bf16 products, the ``_bf16`` passes of :mod:`._llvm_bwd` (``P`` and ``dS``
+  rounded to bf16 between them, ``q`` and ``dO`` also interleaved by pairs of rows);
+  strided 1.2-1.3x and fixed 1.6x the float32 backward (n = 16,384, AMD Zen 5).
 * anything else (float64, the exact path that gradcheck uses; other tile sizes;
   other ``d``): :func:`_kblock`, BLAS ``?gemm`` per chunk of tiles (:mod:`._blas`)
   with the probabilities recomputed between the calls.
@@ -237,7 +241,7 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
               dqc, lc, dc, mbits, pbuf, sbuf, dkacc, dvacc, roff, rowsrc, rng, qnew,
               knew, bf, dw, qpr, dopr, qcp, docp, skeys, roffd):  # pragma: no cover - compiled
     """Key block ``J`` of piece ``p`` for float32, 32-token tiles and ``d`` a multiple of
-    16: the register-blocked passes of :mod:`._llvm_bwd` on chunks of ``chunk`` tiles.
+    16 (of 32 for bf16): the register-blocked passes of :mod:`._llvm_bwd` on chunks of ``chunk`` tiles.
 
     Keys: position ``x`` of the piece's order is row ``kbase + kp[x]`` of ``k2``, ``v2``,
     ``dk``, ``dv``; the block's ``K`` rows (``kc[:32 d]``), ``K^T`` and ``V^T`` are put in
@@ -307,8 +311,8 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
         gather = False
         for a in range(a0, a1):
             I = tile_row[col_tile[a]]
-            if qstep[I] != 1 or (I + 1) * 32 > n:
-                gather = True
+            if qstep[I] != 1 or (I + 1) * 32 > n or (bf and qp[I * 32] % 2 != 0):
+                gather = True  # (bf16: qpr pairs even rows with the next)
         for a in range(a0, a1):
             t = col_tile[a]
             I = tile_row[t]

@@ -31,6 +31,7 @@ fused 32-token tile passes and the row moves are :mod:`._llvm`'s; the matrix pro
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -238,6 +239,8 @@ def _qblock(q1, k1, v1, vi1, o1, m1, l1, base, kbase, n, d, dw, bf, p, I, scale,
                 run = False
             if tile_mask[t] >= 0:
                 dense = False
+        if bf and (kbase + kstart[J0]) % 2 != 0:
+            run = False  # vi1 pairs even rows with the next: paired here instead (copied)
         if run:  # contiguous key rows, used in place
             ka, va, koff = k1, vi1, (kbase + kstart[J0]) * dw
             nk = min(n, (J0 + c1 - c0) * block) - J0 * block
@@ -666,6 +669,13 @@ def _bf16_mode() -> str:
     return mode
 
 
+@functools.lru_cache(maxsize=1)
+def _bf16_faster() -> bool:
+    """Whether one core's ``vdpbf16ps`` peak is at least 1.3x its float32 FMA peak,
+    measured once per process (not again when :func:`fma_peak` measures anew)."""
+    return fma_peak("bfloat16", 1) >= 1.3 * fma_peak("float32", 1)
+
+
 def bf16_applies(plan, d: int) -> bool:
     """Whether :func:`forward_bf16` runs bf16 inputs of head size ``d`` over ``plan``
     on bf16 products (else they are widened to float32 and :func:`forward` runs).
@@ -674,7 +684,9 @@ def bf16_applies(plan, d: int) -> bool:
     ``d`` multiples of 32, and, unless ``SPARSE_PATTERNS_BF16=products``, a
     ``vdpbf16ps`` peak at least 1.3x the float32 FMA peak, measured once per process
     on one core (:func:`._peak.fma_peak`, about 0.4 s): 1.9x on an AMD Zen 5, 0.5x on
-    an Intel Xeon (Emerald Rapids), where widening is faster.
+    an Intel Xeon (Emerald Rapids), where widening is faster. ``vdpbf16ps`` and the
+    conversions to bf16 flush subnormal inputs and results to zero (whatever the
+    MXCSR says): products below float32's normal range (about 1e-38) come out 0.
 
     Examples
     --------
@@ -687,7 +699,7 @@ def bf16_applies(plan, d: int) -> bool:
         return False
     if plan.block != 32 or plan.n % 32 or d % 32:
         return False
-    return mode == "products" or fma_peak("bfloat16", 1) >= 1.3 * fma_peak("float32", 1)
+    return mode == "products" or _bf16_faster()
 
 
 def forward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,
