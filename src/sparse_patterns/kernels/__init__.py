@@ -196,16 +196,15 @@ def attention(
         dtype (ties to even). Where :func:`~sparse_patterns.kernels.cpu.bf16_applies`
         (a CPU whose ``vdpbf16ps`` peak is at least 1.3x its float32 FMA peak,
         32-token tiles, ``n`` and ``d`` multiples of 32; ``SPARSE_PATTERNS_BF16``
-        overrides), bfloat16
-        runs on bf16 products instead: float32 softmax statistics and sums, the
-        probabilities rounded to bf16 before ``P V``. Accuracy against the float64
-        oracle on the same input values, per element: float64 exact to rounding;
-        float32 within ~1e-6 relative; bfloat16 and float16 within half an ulp of
-        their dtype (2**-8, 2**-11 relative) plus 1e-5 of the largest output, and on
-        bf16 products also within 2**-8 of ``sum_j P_ij |v_j|`` (the rounding of
-        ``P``; ``tests/test_half.py``). Torch tensors must be on
-        the CPU for ``"numba"`` and ``"reference"``; gradients are not tracked
-        (use :class:`sparse_patterns.torch.SparseAttention`).
+        overrides), bfloat16 runs on bf16 products instead: float32 softmax
+        statistics and sums, the probabilities rounded to bf16 before ``P V``.
+        Accuracy against the float64 oracle on the same input values, per element:
+        float64 exact to rounding; float32 within ~1e-6 relative; bfloat16 and
+        float16 within half an ulp of their dtype (2**-8, 2**-11 relative) plus 1e-5
+        of the largest output, and on bf16 products also within 2**-8 of
+        ``sum_j P_ij |v_j|`` (the rounding of ``P``; ``tests/test_half.py``). Torch
+        tensors must be on the CPU for ``"numba"`` and ``"reference"``; gradients are
+        not tracked (use :class:`sparse_patterns.torch.SparseAttention`).
     pattern : Pattern or ExecutionPlan
         The token pattern (its plan is built once and cached), or a plan.
     mode : {"multihead", "merged"}
