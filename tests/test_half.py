@@ -346,3 +346,18 @@ def test_fallback_without_avx512_bf16(tmp_path):
                          timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("path", BF16_PATHS)
+def test_profile_peak_follows_the_bf16_path(path, monkeypatch):
+    """``patterns profile``'s % of peak for bfloat16 divides by the peak of the arithmetic
+    that runs: ``vdpbf16ps`` on bf16 products, the float32 FMA peak where bf16 inputs are
+    widened (an Intel Xeon's ``vdpbf16ps`` peak is half its float32 one)."""
+    from sparse_patterns.profiling._machine import fma_peak_gflops
+
+    monkeypatch.setenv("SPARSE_PATTERNS_BF16", path)
+    rate, what = fma_peak_gflops("bfloat16")
+    if path == "products":
+        assert what.startswith("FMA peak bfloat16") and rate == fma_peak("bfloat16") / 1e9
+    else:
+        assert "widened" in what and rate == fma_peak("float32") / 1e9

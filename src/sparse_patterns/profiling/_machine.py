@@ -163,9 +163,11 @@ def fma_peak_gflops(dtype: str) -> tuple[float | None, str]:
     """``(GFLOP/s, what was measured)``: the host's FMA peak for inputs of ``dtype``.
 
     :func:`sparse_patterns.kernels.cpu.fma_peak` on numba's threads: its
-    ``"bfloat16"`` figure for bfloat16, ``"float32"`` for float32 and float16
-    (computed in float32), and half the float32 figure for float64 (half the
-    lanes of a vector FMA).
+    ``"bfloat16"`` figure for bfloat16 where this process runs bf16 inputs on bf16
+    products (:func:`~sparse_patterns.kernels.cpu.bf16_products_here`; at 32-token
+    tiles, ``n`` and ``d`` multiples of 32), ``"float32"`` for float32, float16 and
+    bfloat16 widened to float32 (an Intel Xeon's, whose ``vdpbf16ps`` is slower), and
+    half the float32 figure for float64 (half the lanes of a vector FMA).
 
     Examples
     --------
@@ -175,13 +177,15 @@ def fma_peak_gflops(dtype: str) -> tuple[float | None, str]:
     """
     import numba  # noqa: PLC0415
 
-    from ..kernels.cpu import fma_peak  # noqa: PLC0415
+    from ..kernels.cpu import bf16_products_here, fma_peak  # noqa: PLC0415
 
-    kind = "bfloat16" if dtype == "bfloat16" else "float32"
+    kind = "bfloat16" if dtype == "bfloat16" and bf16_products_here() else "float32"
     rate = fma_peak(kind) / 1e9
     where = f"register-only FMA loop on {numba.get_num_threads()} threads"
     if dtype == "float64":
         return rate / 2, f"FMA peak float64: half the float32 peak {rate:.0f} GFLOP/s ({where})"
+    if dtype == "bfloat16" and kind == "float32":
+        return rate, f"FMA peak float32: bfloat16 widened to float32 here ({where})"
     return rate, f"FMA peak {kind} ({where})"
 
 

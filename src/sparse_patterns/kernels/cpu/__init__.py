@@ -35,9 +35,9 @@ from __future__ import annotations
 
 from ._backward import backward, backward_bf16
 from ._blas import single_threaded_blas
-from ._forward import BF16_MODES, bf16_applies, forward, forward_bf16
+from ._forward import BF16_MODES, bf16_applies, bf16_products_here, forward, forward_bf16
 from ._peak import fma_peak
 from ._pool import release_workspace
 
-__all__ = ["forward", "forward_bf16", "bf16_applies", "BF16_MODES", "backward", "backward_bf16",
+__all__ = ["forward", "forward_bf16", "bf16_applies", "bf16_products_here", "BF16_MODES", "backward", "backward_bf16",
            "release_workspace", "single_threaded_blas", "fma_peak"]

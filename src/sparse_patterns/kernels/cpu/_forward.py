@@ -73,7 +73,7 @@ from ._schedule import (
     _masks_t,
 )
 
-__all__ = ["forward", "forward_bf16", "bf16_applies", "BF16_MODES"]
+__all__ = ["forward", "forward_bf16", "bf16_applies", "bf16_products_here", "BF16_MODES"]
 
 
 # --------------------------------------------------------------------- row helpers
@@ -676,6 +676,22 @@ def _bf16_faster() -> bool:
     return fma_peak("bfloat16", 1) >= 1.3 * fma_peak("float32", 1)
 
 
+def bf16_products_here() -> bool:
+    """Whether this process runs bf16 inputs on bf16 products where the plan and head
+    size allow (:func:`bf16_applies`): AVX512_BF16, and ``SPARSE_PATTERNS_BF16=products``
+    or (``auto``) a measured ``vdpbf16ps`` peak at least 1.3x the float32 FMA peak.
+
+    Examples
+    --------
+    >>> isinstance(bf16_products_here(), bool)
+    True
+    """
+    mode = _bf16_mode()
+    if mode == "widen" or not _AVX512_BF16:
+        return False
+    return mode == "products" or _bf16_faster()
+
+
 def bf16_applies(plan, d: int) -> bool:
     """Whether :func:`forward_bf16` runs bf16 inputs of head size ``d`` over ``plan``
     on bf16 products (else they are widened to float32 and :func:`forward` runs).
@@ -694,12 +710,10 @@ def bf16_applies(plan, d: int) -> bool:
     >>> bf16_applies(sps.plan(sps.make("strided", 64, stride=8), block=16), 64)
     False
     """
-    mode = _bf16_mode()
-    if mode == "widen" or not _AVX512_BF16:
-        return False
     if plan.block != 32 or plan.n % 32 or d % 32:
+        _bf16_mode()  # a bad SPARSE_PATTERNS_BF16 is an error whatever the plan
         return False
-    return mode == "products" or _bf16_faster()
+    return bf16_products_here()
 
 
 def forward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,
