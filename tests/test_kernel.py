@@ -250,7 +250,7 @@ def test_exp32_matches_the_vectorized_loop_bit_for_bit(avx512, monkeypatch):
 
     from sparse_patterns.kernels.cpu import _llvm as cpu  # _AVX512 is read there
     from sparse_patterns.kernels.cpu._forward import _exp_cols
-    from sparse_patterns.kernels.cpu._llvm import _exp32
+    from sparse_patterns.kernels.cpu._llvm_fwd import _exp32
 
     if avx512 and not cpu._AVX512:
         pytest.skip("this CPU has no AVX-512")
@@ -296,7 +296,7 @@ def test_scores32_skips_only_query_halves_that_no_key_of_a_group_sees():
     the column max over the visible scores; a NaN key in a visible half stays NaN."""
     import numba
 
-    from sparse_patterns.kernels.cpu._llvm import _scores32
+    from sparse_patterns.kernels.cpu._llvm_fwd import _scores32
 
     @numba.njit
     def run(k, koff, qt, st, ntile, d, alpha, tmask, t0, maskt, cmax):
@@ -399,7 +399,7 @@ def test_pv32_against_numpy(d, dtype, dense):
     union of two groups' ranges), so its ``P`` is 0 there, as masked keys' are."""
     import numba
 
-    from sparse_patterns.kernels.cpu._llvm import _pv32, _pv32_dense
+    from sparse_patterns.kernels.cpu._llvm_fwd import _pv32, _pv32_dense
 
     if dense:
         @numba.njit

@@ -4,18 +4,24 @@
 ``(B, H, n, d)`` arrays that :func:`sparse_patterns.kernels.attention` has
 validated, and a plan (:func:`forward_bf16` and :func:`backward_bf16` the words of
 bf16 ones, on bf16 products, where :func:`bf16_applies`); their outputs come from a
-per-thread pool of recycled arrays (:func:`release_workspace` frees it). Nothing of size ``n x n`` is ever allocated.
+per-thread pool of recycled arrays (:func:`release_workspace` frees it). Nothing of size
+``n x n`` is ever allocated.
 The implementation modules are private; each one's docstring holds the performance
 notes about its code (each measured, A/B in one process, on a CPU without SVML):
 
 - ``_forward``: the forward, one online softmax per token across the pieces of its
   softmax group (``_qblock``: one query block; ``_forward_piece``: the work items);
 - ``_backward``: the backward, recomputed from the saved log-sum-exp
-  (``_kblock``: one key block; ``_backward``: the heads in parallel);
+  (``_kblock32``: one key block; ``_backward``: the heads in parallel);
+  ``_backward_blas``: its general path (BLAS per chunk: float64, other tiles);
+- ``_bf16``: when bf16 inputs run on bf16 products (:func:`bf16_applies`);
+- ``_rows``: whole-array row moves (a piece's order, bf16 rows by pairs);
 - ``_schedule``: what both derive from the plan once per plan (block steps,
   ``residue(s)`` pieces, work items and their copy orders, transposed masks);
-- ``_llvm``: vector primitives written in LLVM IR (row copies, 16 x 16
-  transposes, the float32 exponential, the fused 32-token tile passes);
+- ``_llvm``: vector primitives written in LLVM IR (row copies and pairs, 16 x 16
+  transposes, the float32 exponential, bf16 products and conversions);
+- ``_llvm_fwd``: the forward's fused 32-token passes (scores with masks and max,
+  exponentials, ``P V``), float32 and bf16;
 - ``_llvm_bwd``: the backward's fused float32 32-token passes (S and dP with the
   probabilities and dS in registers, dV and dK, dQ), no BLAS call per tile;
 - ``_convert``: bf16 and fp16 words widened to float32 and narrowed back;
@@ -27,15 +33,17 @@ notes about its code (each measured, A/B in one process, on a CPU without SVML):
 The ``@njit(cache=True)`` functions call each other across these modules (numba
 links a callee's LLVM IR into its caller, and LLVM optimizes them together), but
 numba invalidates a cached function only when its own file changes: after editing
-``_llvm.py``, ``_blas.py``, ``_pool.py`` or ``_schedule.py``, delete this package's
+``_llvm.py``, ``_llvm_fwd.py``, ``_llvm_bwd.py``, ``_rows.py``, ``_blas.py``, ``_pool.py``
+or ``_schedule.py``, delete this package's
 ``__pycache__/*.nbi`` and ``*.nbc`` files, or the callers keep the old code.
 """
 
 from __future__ import annotations
 
 from ._backward import backward, backward_bf16
+from ._bf16 import BF16_MODES, bf16_applies, bf16_products_here
 from ._blas import single_threaded_blas
-from ._forward import BF16_MODES, bf16_applies, bf16_products_here, forward, forward_bf16
+from ._forward import forward, forward_bf16
 from ._peak import fma_peak
 from ._pool import release_workspace
 

@@ -13,8 +13,8 @@ computed transposed (keys x queries), the partial tiles masked, the online softm
 updated with loops vectorized across the queries, and ``P V`` added into the
 tile's output rows. A piece whose blocks are not runs of consecutive tokens (a
 ``residue(s)`` order) has each work item copy its queries, keys, values and
-softmax state into buffers of its own, one array at a time in
-the order of a per-plan schedule (:func:`._schedule._copy_orders`: runs of grid rows,
+softmax state into buffers of its own, one array at a time in the order of a per-plan
+schedule (:func:`._schedule._copy_orders`: runs of grid rows,
 class by class); if a work item's keys span much more than its queries (summary keys
 put first), the used key blocks are put in the piece's order once per call instead.
 Two consecutive pieces of a group with the same query order that copy nothing (fixed's
@@ -24,45 +24,44 @@ Nothing of size ``n x n`` is ever allocated.
 
 The row max (measured, A/B in one process): a float max reduction is not vectorized
 without fast-math (which would drop NaN semantics), so the forward keeps the scores
-transposed and takes elementwise maxima across the queries. The exponential, the
-fused 32-token tile passes and the row moves are :mod:`._llvm`'s; the matrix products
-:mod:`._blas`'s.
-"""
+transposed and takes elementwise maxima across the queries. The fused 32-token tile
+passes are :mod:`._llvm_fwd`'s, whole-array row moves :mod:`._rows`'s, the matrix
+products :mod:`._blas`'s, and bf16 inputs run here where :mod:`._bf16` says."""
 
 from __future__ import annotations
 
-import functools
 import math
-import os
 
 import numba
 import numpy as np
 from numba import prange
 from numba.np.linalg import ensure_blas
 
+from ._bf16 import _check_products
 from ._blas import _N, _T, _gemm, _threads_for, single_threaded_blas
 from ._llvm import (
-    _AVX512_BF16,
     _FM,
     _LOG2E,
     _copy,
     _copy_nt,
     _exp2f,
+    _pair_rows,
+    _transpose16,
+    _wide,
+    _zero,
+)
+from ._llvm_fwd import (
     _exp32,
     _exp32_bf16,
-    _pair_rows,
     _pv32,
     _pv32_bf16,
     _pv32_dense,
     _pv32_dense_bf16,
     _scores32,
     _scores32_bf16,
-    _transpose16,
-    _wide,
-    _zero,
 )
-from ._peak import fma_peak
 from ._pool import _aligned, _buffer
+from ._rows import _permute_residue, _permute_rows, _permute_rows_paired, paired
 from ._schedule import (
     _CHUNK,
     _CHUNK_FUSED,
@@ -73,7 +72,7 @@ from ._schedule import (
     _masks_t,
 )
 
-__all__ = ["forward", "forward_bf16", "bf16_applies", "bf16_products_here", "BF16_MODES"]
+__all__ = ["forward", "forward_bf16"]
 
 
 # --------------------------------------------------------------------- row helpers
@@ -170,10 +169,10 @@ def _qblock(q1, k1, v1, vi1, o1, m1, l1, base, kbase, n, d, dw, bf, p, I, scale,
 
     A row of ``q1, k1, v1`` is ``dw`` elements: ``d``, or with ``bf`` (bf16 inputs,
     :func:`forward_bf16`) ``d / 2`` float32 words each holding two bf16; then ``vi1``
-    holds the values interleaved by pairs of rows (:func:`_pair_all`), read where a
+    holds the values interleaved by pairs of rows (:func:`._rows.paired`), read where a
     chunk's keys are used in place, while ``v1``'s rows are paired here where they are
     copied (for floats ``vi1`` is ``v1``). Every chunk of a bf16 block is whole 32-token
-    tiles (see :func:`bf16_applies`)."""
+    tiles (see :func:`._bf16.bf16_applies`)."""
     _wide()
     nb = (n + block - 1) // block
     ninf = -np.inf
@@ -366,65 +365,6 @@ def _qblock(q1, k1, v1, vi1, o1, m1, l1, base, kbase, n, d, dw, bf, p, I, scale,
             l1[i] = lrow[r]
 
 
-@numba.njit(parallel=True, cache=True)
-def _permute_rows(x1, perm, p, BH, rows, d, out1):  # pragma: no cover - compiled
-    """``out1`` (flattened ``(BH*n, d)``): rows ``0 .. rows`` of every (batch, head)
-    set to the rows of ``x1`` in the order ``perm[p]``."""
-    _wide()
-    n = perm.shape[1]
-    R = 512  # rows per work item (the loop may be handed out in small chunks)
-    for u in prange((BH * rows + R - 1) // R):
-        for w in range(u * R, min(BH * rows, (u + 1) * R)):
-            bh = w // rows
-            x = w % rows
-            src = (bh * n + perm[p, x]) * d
-            dst = (bh * n + x) * d
-            _copy(out1, dst, x1, src, d)
-
-
-@numba.njit(parallel=True, cache=True)
-def _permute_rows_paired(x1, perm, p, BH, rows, dw, out1):  # pragma: no cover - compiled
-    """:func:`_permute_rows` of bf16 rows (``dw`` words each) straight into the layout
-    of :func:`_pair_all`: positions ``2y, 2y + 1`` interleaved (``rows`` even)."""
-    n = perm.shape[1]
-    R = 256  # row pairs per work item
-    per = (rows // 2 + R - 1) // R
-    for u in prange(BH * per):
-        at = (u // per) * n
-        for y in range((u % per) * R, min(rows // 2, (u % per + 1) * R)):
-            _pair_rows(out1, (at + 2 * y) * dw, x1, (at + perm[p, 2 * y]) * dw,
-                       (at + perm[p, 2 * y + 1]) * dw, dw)
-
-
-@numba.njit(parallel=True, cache=True)
-def _permute_residue(x1, s, BH, n, d, out1):  # pragma: no cover - compiled
-    """``out1``: the rows of every (batch, head) of ``x1`` grouped by ``i mod s`` (each
-    group in increasing ``i``), the order of a ``residue(s)`` piece. Copied in tiles of
-    ``16 x 16`` grid cells (token ``g*s + r`` goes to ``offset[r] + g``), so that reads and
-    writes are both runs of consecutive rows."""
-    _wide()
-    ng = (n + s - 1) // s
-    off = np.empty(s + 1, np.int64)
-    off[0] = 0
-    for r in range(s):
-        off[r + 1] = off[r] + (n - r + s - 1) // s
-    T = 16
-    ngb = (ng + T - 1) // T
-    nrb = (s + T - 1) // T
-    for w in prange(BH * ngb * nrb):
-        bh = w // (ngb * nrb)
-        gb = (w // nrb) % ngb
-        rb = w % nrb
-        base = bh * n
-        for g in range(gb * T, min(ng, gb * T + T)):
-            for r in range(rb * T, min(s, rb * T + T)):
-                t = g * s + r
-                if t < n:
-                    src = (base + t) * d
-                    dst = (base + off[r] + g) * d
-                    _copy(out1, dst, x1, src, d)
-
-
 @numba.njit(cache=True)
 def _thread_buffers(T, block, chunk, d, like):  # pragma: no cover - compiled
     """The buffers of :func:`_qblock` for each of ``T`` threads, allocated once per
@@ -578,21 +518,6 @@ def _forward_pair(q1, ka, va, via, kb, vb, vib, o1, m1, l1, BH, H, d, dw, bf, sc
                     fused, block, chunk, precise, *own)
 
 
-@numba.njit(parallel=True, cache=True)
-def _pair_all(x1, BH, n, rows, dw, out1):  # pragma: no cover - compiled
-    """``out1``: rows ``0 .. rows`` (even) of each of the ``BH`` heads of ``n`` rows of
-    ``x1`` (``dw`` words of bf16 pairs a row) interleaved by pairs of rows
-    (:func:`._llvm._pair_rows`), the layout of the values that :func:`_pv32_bf16`
-    reads."""
-    R = 256  # row pairs per work item
-    per = (rows // 2 + R - 1) // R
-    for u in prange(BH * per):
-        at = (u // per) * n
-        for r in range((u % per) * R, min(rows // 2, (u % per + 1) * R)):
-            x = (at + 2 * r) * dw
-            _pair_rows(out1, x, x1, x, x + dw, dw)
-
-
 def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=False):
     """``q1, k1, v1, o1``: flattened ``(B*H*n*d,)``; ``m1``: ``(B*H*n,)`` (becomes the
     log-sum-exp); head ``h`` uses group ``h % G``. The pieces of a group continue one
@@ -610,10 +535,7 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
         m1.reshape(BH, -1)[empty] = -np.inf
     l1 = np.empty_like(m1)
     kp1 = vp1 = None
-    vi1 = v1
-    if bf:
-        vi1 = _buffer(v1.shape, v1.dtype)
-        _pair_all(v1, BH, n, n, dw, vi1)
+    vi1 = paired(v1, BH, n, dw) if bf else v1
     # 32-token float32 tiles: scores, masks and column max in one pass (_scores32)
     fused = block == 32 and not precise
     maskt = plan.memo("cpu.masks_t", lambda: _masks_t(plan)) if fused else _NO_MASKS
@@ -654,73 +576,11 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
                        chunk, items, precise, numba.get_num_threads())
 
 
-#: bf16 products (``vdpbf16ps``) for bf16 inputs: "auto" (where :func:`bf16_applies`),
-#: "products" (wherever they can run) or "widen" (never: widened to float32); the
-#: environment variable ``SPARSE_PATTERNS_BF16`` sets it for a process
-BF16_MODES = ("auto", "products", "widen")
-
-
-def _bf16_mode() -> str:
-    mode = os.environ.get("SPARSE_PATTERNS_BF16", "auto")
-    if mode not in BF16_MODES:
-        raise ValueError(
-            f"SPARSE_PATTERNS_BF16 must be one of {', '.join(BF16_MODES)}, got {mode!r}"
-        )
-    return mode
-
-
-@functools.lru_cache(maxsize=1)
-def _bf16_faster() -> bool:
-    """Whether one core's ``vdpbf16ps`` peak is at least 1.3x its float32 FMA peak,
-    measured once per process (not again when :func:`fma_peak` measures anew)."""
-    return fma_peak("bfloat16", 1) >= 1.3 * fma_peak("float32", 1)
-
-
-def bf16_products_here() -> bool:
-    """Whether this process runs bf16 inputs on bf16 products where the plan and head
-    size allow (:func:`bf16_applies`): AVX512_BF16, and ``SPARSE_PATTERNS_BF16=products``
-    or (``auto``) a measured ``vdpbf16ps`` peak at least 1.3x the float32 FMA peak.
-
-    Examples
-    --------
-    >>> isinstance(bf16_products_here(), bool)
-    True
-    """
-    mode = _bf16_mode()
-    if mode == "widen" or not _AVX512_BF16:
-        return False
-    return mode == "products" or _bf16_faster()
-
-
-def bf16_applies(plan, d: int) -> bool:
-    """Whether :func:`forward_bf16` runs bf16 inputs of head size ``d`` over ``plan``
-    on bf16 products (else they are widened to float32 and :func:`forward` runs).
-
-    It needs a CPU with AVX512_BF16, 32-token tiles (``plan.block == 32``), ``n`` and
-    ``d`` multiples of 32, and, unless ``SPARSE_PATTERNS_BF16=products``, a
-    ``vdpbf16ps`` peak at least 1.3x the float32 FMA peak, measured once per process
-    on one core (:func:`._peak.fma_peak`, about 0.4 s): 1.9x on an AMD Zen 5, 0.5x on
-    an Intel Xeon (Emerald Rapids), where widening is faster. ``vdpbf16ps`` and the
-    conversions to bf16 flush subnormal inputs and results to zero (whatever the
-    MXCSR says): products below float32's normal range (about 1e-38) come out 0.
-
-    Examples
-    --------
-    >>> import sparse_patterns as sps
-    >>> bf16_applies(sps.plan(sps.make("strided", 64, stride=8), block=16), 64)
-    False
-    """
-    if plan.block != 32 or plan.n % 32 or d % 32:
-        _bf16_mode()  # a bad SPARSE_PATTERNS_BF16 is an error whatever the plan
-        return False
-    return bf16_products_here()
-
-
 def forward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,
                  chunk: int = _CHUNK_FUSED, seg: int = 8) -> tuple[np.ndarray, np.ndarray]:
     """:func:`forward` on bf16 inputs with bf16 products: ``q, k, v`` are the bf16
     words (C-contiguous ``int16`` or ``uint16`` ``(B, H, n, d)`` arrays) where
-    :func:`bf16_applies`. Scores and ``P V`` are ``vdpbf16ps`` (pairs of bf16
+    :func:`._bf16.bf16_applies`. Scores and ``P V`` are ``vdpbf16ps`` (pairs of bf16
     products summed in float32), the probabilities rounded to bf16 before ``P V`` (as
     FlashAttention does); the softmax statistics, the accumulation and the outputs are
     float32.
@@ -733,6 +593,7 @@ def forward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: fl
     Examples
     --------
     >>> import numpy as np, sparse_patterns as sps
+    >>> from sparse_patterns.kernels.cpu import bf16_applies
     >>> pl = sps.plan(sps.make("strided", 64, stride=8), block=32)
     >>> w = (np.random.default_rng(0).standard_normal((1, 1, 64, 32), np.float32)
     ...      .view(np.uint32) >> 16).astype(np.uint16)  # bf16 words (truncated)
@@ -741,9 +602,7 @@ def forward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: fl
     (1, 1, 64, 32)
     """
     B, H, n, d = q.shape
-    if not _AVX512_BF16 or plan.block != 32 or n % 32 or d % 32:
-        raise ValueError(f"q: bf16 products need AVX512_BF16, block 32, n and d multiples of 32; "
-                         f"got block {plan.block}, n={n}, d={d}")
+    _check_products(plan, n, d)
     out = _buffer(q.shape, np.float32)
     lse = np.empty(q.shape[:3], dtype=np.float32)
     w = [np.ascontiguousarray(a).reshape(-1).view(np.float32) for a in (q, k, v)]

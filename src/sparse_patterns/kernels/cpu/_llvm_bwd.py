@@ -38,7 +38,7 @@ from numba.extending import intrinsic
 from ._llvm import _AVX512_BF16, _bf16_dot, _cat_bf16, _emit_exp2, _pack_bf16, _splat
 
 __all__ = ["_dscores32", "_dkv32", "_dq32", "_tile_ranges", "_GROUP", "_dscores32_bf16",
-           "_dkv32_bf16", "_dq32_bf16"]
+           "_dkv32_bf16", "_dq32_bf16", "_exp_rows32"]
 
 _GROUP = 4  # rows per register block: 4 rows x 4 vectors (or 2 x 2 x 4) = 16 accumulators
 # _dq32 asks for the ``dq`` rows of the group of rows 2 groups ahead (software prefetch):
@@ -119,6 +119,41 @@ def _columns(builder, d, body):
     rest = builder.sdiv(builder.srem(d, _I64(64)), _I64(16))
     with cgutils.for_range(builder, rest) as cl:
         body(builder.add(builder.mul(whole, _I64(64)), builder.mul(cl.index, _I64(16))), 1)
+
+
+@intrinsic
+def _exp_rows32(typingctx, s, m, lc, bits):  # pragma: no cover - compiled
+    """The backward's probabilities for ``m`` rows of 32 float32 scores (row-major
+    ``s``): ``s[r*32 + c] = 2**(s[r*32 + c] - lc[r])`` where bit ``c`` of ``bits[r]``
+    is set, else 0 (a masked key, or a row with no key, ``bits[r] = 0``). What the
+    mask and :func:`_exp2f` loops do, in one pass with the same bits (masked scores
+    there are ``-inf``, whose exponential is 0). Float32 only: for another dtype (a
+    call the caller never reaches, but which numba still compiles) it does nothing."""
+    def codegen(context, builder, signature, args):
+        s_, m_, lc_, b_ = args
+        if context.get_value_type(signature.args[0].dtype) != ir.FloatType():
+            return context.get_dummy_value()
+        sp, lp, bp = (context.make_array(signature.args[i])(context, builder, v).data
+                      for i, v in ((0, s_), (2, lc_), (3, b_)))
+        vt = ir.VectorType(ir.FloatType(), 16)
+        i64 = ir.IntType(64)
+        zero = ir.Constant(vt, [0.0] * 16)
+        with cgutils.for_range(builder, m_) as loop:
+            r = loop.index
+            lr = builder.load(builder.gep(lp, [r]))
+            lr = builder.select(builder.fcmp_ordered("==", lr, ir.Constant(lr.type, float("-inf"))),
+                                ir.Constant(lr.type, 0.0), lr)  # such a row's bits are 0
+            shift = _splat(builder, lr, vt)
+            w = builder.load(builder.gep(bp, [r]))
+            for h in range(2):
+                ptr = builder.bitcast(builder.gep(sp, [builder.add(builder.mul(r, i64(32)), i64(16 * h))]),
+                                      vt.as_pointer())
+                y = _emit_exp2(builder, builder.fsub(builder.load(ptr, align=4), shift))
+                keep = builder.trunc(builder.lshr(w, ir.Constant(w.type, 16 * h)), ir.IntType(16))
+                y = builder.select(builder.bitcast(keep, ir.VectorType(ir.IntType(1), 16)), y, zero)
+                builder.store(y, ptr, align=4)
+        return context.get_dummy_value()
+    return types.none(s, m, lc, bits), codegen
 
 
 def _dscores_codegen(bf16: bool):

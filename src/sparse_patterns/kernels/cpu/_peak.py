@@ -20,7 +20,7 @@ once; it reports the best of a few short runs.
   no faster per FLOP than float32 ones (the kernel widens bf16 inputs instead,
   :mod:`._convert`); on a 2-core AMD EPYC (Zen 5, 2026-11-26): 549-564 and
   1014-1047 GFLOP/s for the two cores, 1.9x, where the kernel runs bf16 inputs on
-  bf16 products (:func:`._forward.bf16_applies`).
+  bf16 products (:func:`._bf16.bf16_applies`).
 """
 
 from __future__ import annotations

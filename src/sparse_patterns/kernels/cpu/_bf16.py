@@ -1,0 +1,83 @@
+"""When bf16 inputs run on bf16 products (``vdpbf16ps``) rather than widened to
+float32: the CPU, the plan and the head size (:func:`bf16_applies`), and the environment
+variable ``SPARSE_PATTERNS_BF16`` that overrides the measured choice.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from ._llvm import _AVX512_BF16
+from ._peak import fma_peak
+
+__all__ = ["BF16_MODES", "bf16_applies", "bf16_products_here", "_check_products"]
+
+
+#: bf16 products (``vdpbf16ps``) for bf16 inputs: "auto" (where :func:`bf16_applies`),
+#: "products" (wherever they can run) or "widen" (never: widened to float32); the
+#: environment variable ``SPARSE_PATTERNS_BF16`` sets it for a process
+BF16_MODES = ("auto", "products", "widen")
+
+
+def _bf16_mode() -> str:
+    mode = os.environ.get("SPARSE_PATTERNS_BF16", "auto")
+    if mode not in BF16_MODES:
+        raise ValueError(
+            f"SPARSE_PATTERNS_BF16 must be one of {', '.join(BF16_MODES)}, got {mode!r}"
+        )
+    return mode
+
+
+@functools.lru_cache(maxsize=1)
+def _bf16_faster() -> bool:
+    """Whether one core's ``vdpbf16ps`` peak is at least 1.3x its float32 FMA peak,
+    measured once per process (not again when :func:`fma_peak` measures anew)."""
+    return fma_peak("bfloat16", 1) >= 1.3 * fma_peak("float32", 1)
+
+
+def bf16_products_here() -> bool:
+    """Whether this process runs bf16 inputs on bf16 products where the plan and head
+    size allow (:func:`bf16_applies`): AVX512_BF16, and ``SPARSE_PATTERNS_BF16=products``
+    or (``auto``) a measured ``vdpbf16ps`` peak at least 1.3x the float32 FMA peak.
+
+    Examples
+    --------
+    >>> isinstance(bf16_products_here(), bool)
+    True
+    """
+    mode = _bf16_mode()
+    if mode == "widen" or not _AVX512_BF16:
+        return False
+    return mode == "products" or _bf16_faster()
+
+
+def bf16_applies(plan, d: int) -> bool:
+    """Whether :func:`forward_bf16` runs bf16 inputs of head size ``d`` over ``plan``
+    on bf16 products (else they are widened to float32 and :func:`forward` runs).
+
+    It needs a CPU with AVX512_BF16, 32-token tiles (``plan.block == 32``), ``n`` and
+    ``d`` multiples of 32, and, unless ``SPARSE_PATTERNS_BF16=products``, a
+    ``vdpbf16ps`` peak at least 1.3x the float32 FMA peak, measured once per process
+    on one core (:func:`._peak.fma_peak`, about 0.4 s): 1.9x on an AMD Zen 5, 0.5x on
+    an Intel Xeon (Emerald Rapids), where widening is faster. ``vdpbf16ps`` and the
+    conversions to bf16 flush subnormal inputs and results to zero (whatever the
+    MXCSR says): products below float32's normal range (about 1e-38) come out 0.
+
+    Examples
+    --------
+    >>> import sparse_patterns as sps
+    >>> bf16_applies(sps.plan(sps.make("strided", 64, stride=8), block=16), 64)
+    False
+    """
+    if plan.block != 32 or plan.n % 32 or d % 32:
+        _bf16_mode()  # a bad SPARSE_PATTERNS_BF16 is an error whatever the plan
+        return False
+    return bf16_products_here()
+
+
+def _check_products(plan, n: int, d: int) -> None:
+    """A one-line ``ValueError`` where bf16 products cannot run (see :func:`bf16_applies`)."""
+    if not _AVX512_BF16 or plan.block != 32 or n % 32 or d % 32:
+        raise ValueError(f"q: bf16 products need AVX512_BF16, block 32, n and d multiples of 32; "
+                         f"got block {plan.block}, n={n}, d={d}")
