@@ -37,7 +37,7 @@ from numba.extending import intrinsic
 __all__ = [
     "_FM", "_LOG2E", "_AVX512", "_AVX512_BF16", "_EXP2_POLY", "_wide", "_copy", "_copy_nt",
     "_zero", "_pair_rows", "_bits_to_f32", "_exp2f", "_transpose16", "_splat", "_BFloat",
-    "_bf16_dot", "_bf16_ok", "_emit_exp2", "_pack_bf16", "_cat_bf16",
+    "_bf16_dot", "_mac", "_bf16_ok", "_emit_exp2", "_pack_bf16", "_cat_bf16",
 ]
 
 _LOG2E = 1.4426950408889634
@@ -272,6 +272,13 @@ def _bf16_dot(builder, acc, a, b):
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(acc.type, [acc.type, bt, bt]),
                                         "llvm.x86.avx512bf16.dpbf16ps.512")
     return builder.call(fn, [acc, builder.bitcast(a, bt), builder.bitcast(b, bt)])
+
+
+def _mac(builder, fma, bf16: bool, acc, a, b):
+    """``acc + a b``: one FMA (``fma``, float vectors), or with ``bf16`` one ``vdpbf16ps``
+    (:func:`_bf16_dot`: ``a`` and ``b`` hold bf16 pairs) - the step of every register-blocked
+    pass, generated for both arithmetics."""
+    return _bf16_dot(builder, acc, a, b) if bf16 else builder.call(fma, [a, b, acc])
 
 
 def _bf16_ok(context, array_type) -> bool:

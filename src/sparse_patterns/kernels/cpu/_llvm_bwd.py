@@ -35,7 +35,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from ._llvm import _AVX512_BF16, _bf16_dot, _cat_bf16, _emit_exp2, _pack_bf16, _splat
+from ._llvm import _AVX512_BF16, _cat_bf16, _emit_exp2, _mac, _pack_bf16, _splat
 
 __all__ = ["_dscores32", "_dkv32", "_dq32", "_tile_ranges", "_GROUP", "_dscores32_bf16",
            "_dkv32_bf16", "_dq32_bf16", "_exp_rows32"]
@@ -201,10 +201,8 @@ def _dscores_codegen(bf16: bool):
                         b = _bcast(builder, dop, builder.add(offs[u], c))
                         for h in halves:
                             for w, x, y in ((0, a, kv[h]), (1, b, vv[h])):
-                                z = builder.load(acc[w][u][h])
-                                z = (_bf16_dot(builder, z, x, y) if bf16
-                                     else builder.call(fma, [x, y, z]))
-                                builder.store(z, acc[w][u][h])
+                                builder.store(_mac(builder, fma, bf16, builder.load(acc[w][u][h]),
+                                                   x, y), acc[w][u][h])
 
             # a half of the keys that no row of the group sees (in a partial tile: a
             # diagonal one, a band's edge) is skipped; its P and dS come out 0 below
@@ -331,10 +329,8 @@ def _dkv_codegen(bf16: bool):
                         for u in range(G):
                             pu = _bcast(builder, mp, builder.add(mrow, _I64(u)))
                             for c in range(W):
-                                z = builder.load(a[u][c])
-                                z = (_bf16_dot(builder, z, pu, x[c]) if bf16
-                                     else builder.call(fma, [pu, x[c], z]))
-                                builder.store(z, a[u][c])
+                                builder.store(_mac(builder, fma, bf16, builder.load(a[u][c]), pu,
+                                                   x[c]), a[u][c])
                 for u in range(G):
                     for c in range(W):
                         builder.store(builder.load(a[u][c]),
@@ -419,10 +415,8 @@ def _dq_codegen(bf16: bool):
                         for u in range(G):
                             su = _bcast(builder, mp, builder.add(builder.mul(rows[u], _I64(16 if bf16 else 32)), j))
                             for c in range(W):
-                                z = builder.load(a[u][c])
-                                z = (_bf16_dot(builder, z, su, x[c]) if bf16
-                                     else builder.call(fma, [su, x[c], z]))
-                                builder.store(z, a[u][c])
+                                builder.store(_mac(builder, fma, bf16, builder.load(a[u][c]), su,
+                                                   x[c]), a[u][c])
                     for u in range(G):
                         for c in range(W):
                             builder.store(builder.load(a[u][c]),

@@ -32,7 +32,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from ._llvm import _bf16_dot, _bf16_ok, _emit_exp2, _pack_bf16, _splat
+from ._llvm import _bf16_ok, _emit_exp2, _mac, _pack_bf16, _splat
 
 __all__ = ["_exp32", "_exp32_bf16", "_pv32", "_pv32_dense", "_pv32_bf16", "_pv32_dense_bf16",
            "_scores32", "_scores32_bf16"]
@@ -165,10 +165,8 @@ def _pv_codegen(G: int, C: int, bf16: bool = False):
                     for u in range(G):
                         pu = _splat(builder, builder.load(builder.gep(sp, [builder.add(srow, i64(u))])), vt)
                         for c in range(W):
-                            a = builder.load(acc[u][c])
-                            a = (_bf16_dot(builder, a, pu, v[c]) if bf16
-                                 else builder.call(fma, [pu, v[c], a]))
-                            builder.store(a, acc[u][c])
+                            builder.store(_mac(builder, fma, bf16, builder.load(acc[u][c]), pu,
+                                               v[c]), acc[u][c])
                 for u in range(G):
                     s = _splat(builder, builder.load(builder.gep(pp, [builder.add(builder.mul(g, i64(G)), i64(u))])), vt)
                     for c in range(W):
@@ -290,10 +288,8 @@ def _scores_codegen(bf16: bool):
                             kv = builder.load(builder.gep(kp, [builder.add(koff_, builder.add(row, cl.index))]))
                             kv = _splat(builder, kv, vt)
                             for h in halves:
-                                a = builder.load(acc[jj][h])
-                                a = (_bf16_dot(builder, a, kv, q[h]) if bf16
-                                     else builder.call(fma, [kv, q[h], a]))
-                                builder.store(a, acc[jj][h])
+                                builder.store(_mac(builder, fma, bf16, builder.load(acc[jj][h]),
+                                                   kv, q[h]), acc[jj][h])
 
                 # a half (16 queries) that none of the 8 keys is seen by in a partial tile
                 # (a diagonal tile's corner) is not computed: its scores are all masked
