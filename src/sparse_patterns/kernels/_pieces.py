@@ -68,12 +68,12 @@ class _Piece:
             return m.indptr.astype(np.int64), m.indices
         return piece_rows(*self.heads(csr_spans(mats)))
 
-    def tiles(self, spans: list, kpos: np.ndarray, step: int, block: int, n: int,
-              rows_in: np.ndarray, fill: bool) -> tuple:
+    def tiles(self, spans: list, kpos: np.ndarray, kperm: np.ndarray, step: int, block: int,
+              n: int, rows_in: np.ndarray, fill: bool) -> tuple:
         """:func:`~._tiling.chunk_tiles` of the piece on the rows of every head."""
         starts, ends, idxs, member = self.heads(spans)
-        return chunk_tiles(starts, ends, idxs, member, self.exclusive, kpos, step, block, n,
-                           rows_in, fill)
+        return chunk_tiles(starts, ends, idxs, member, self.exclusive, kpos, kperm, step, block,
+                           n, rows_in, fill)
 
 
 def residue_perm(n: int, s: int) -> np.ndarray:
@@ -145,7 +145,7 @@ def _choose(pattern: Pattern, pieces: list[_Piece], block: int) -> None:
         best = None
         for kind, qp, kp in cands:
             cost = pc.tiles(csr_spans(mats if qp is ident else residue[kind[1]][1]), _inverse(kp),
-                            _step(kind), block, n, _block_rows(n, block, blocks), False)[4]
+                            kp, _step(kind), block, n, _block_rows(n, block, blocks), False)[4]
             if best is None or cost < best[0]:
                 best = (cost, kind, qp, kp)
         assert best is not None
@@ -184,7 +184,7 @@ def piece_tiles(pattern: Pattern, pc: _Piece, block: int, chunk: int, pool) -> l
         stop = min(n, start + chunk)
         spans = pattern.spans_of(pc.qperm[start:stop])
         blocks = np.arange(start // block, -(-stop // block), dtype=np.int64)
-        qcount, tj, tm, masks, area, pairs = pc.tiles(spans, kpos, step, block, n,
+        qcount, tj, tm, masks, area, pairs = pc.tiles(spans, kpos, pc.kperm, step, block, n,
                                                       _block_rows(n, block, blocks), True)
         masks, tm = _distinct(masks, tm)
         return qcount, tj, tm, masks, area, pairs
