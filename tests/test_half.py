@@ -177,6 +177,25 @@ def test_bf16_products_against_the_oracle(name, params, mode, monkeypatch):
         assert (err <= 2.0**-8 * want.abs() + 2.0**-7 * want.abs().max()).all()
 
 
+@needs_bf16_products
+def test_bf16_products_head_by_head_equal_all_heads_at_once(monkeypatch):
+    """strided's pieces run one head at a time (``_CHUNK_BYTES`` below a head's rows) on
+    bf16 products: the same arithmetic in another order of work, so the output and
+    log-sum-exp are bit for bit those of every head in one call."""
+    from sparse_patterns.kernels.cpu import _forward as fw
+
+    monkeypatch.setenv("SPARSE_PATTERNS_BF16", "products")
+    pat = sps.make("strided", 2048, stride=64)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 2048, 64, generator=g).to(torch.bfloat16) for _ in range(3))
+    whole = attention(q, k, v, pat, mode="merged", return_lse=True)
+    monkeypatch.setattr(fw, "_CHUNK_BYTES", 1)
+    heads = attention(q, k, v, pat, mode="merged", return_lse=True)
+    for a, b in zip(whole, heads, strict=True):
+        assert torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a,
+                           b.view(torch.int16) if b.dtype == torch.bfloat16 else b)
+
+
 @pytest.mark.parametrize("kind", ["torch bfloat16", "numpy float16"])
 def test_half_outputs_in_recycled_arrays_stay_the_callers(kind):
     """Outputs of 1 MiB and more come from the kernel's recycled arrays: one still held is

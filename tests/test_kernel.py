@@ -386,6 +386,43 @@ def test_two_pieces_in_one_query_order_run_as_a_pair(n, params, dtype, reverse, 
     assert calls == {"pair": 1, "piece": 0}
 
 
+@pytest.mark.parametrize("mode", ["merged", "multihead"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("heads_per_run", [1, 2])
+def test_pieces_run_head_by_head_match_the_oracle(heads_per_run, dtype, mode, monkeypatch):
+    """strided's residue piece (copied per work item) and its window (in place) run on a
+    few heads at a time when the heads' rows exceed ``_CHUNK_BYTES``: every piece once
+    per run of heads, the state kept in normal stores between them; the output and
+    log-sum-exp are the dense oracle's. In multihead mode (a piece per group) every head
+    runs in one call."""
+    from sparse_patterns.kernels.cpu import _forward as fw
+
+    B, H, n, d = 2, 3, 1024, 64
+    calls = []
+
+    def spy(*args):
+        calls.append((args[8], args[9], args[-2]))  # bh0, bh1, nt
+        return piece(*args)
+
+    piece = fw._forward_piece
+    monkeypatch.setattr(fw, "_forward_piece", spy)
+    monkeypatch.setattr(fw, "_CHUNK_BYTES", heads_per_run * 4 * n * d * np.dtype(dtype).itemsize)
+    pat = sps.make("strided", n, stride=32)
+    pl = plan(pat, mode=mode, block=32)
+    assert pl.num_pieces == 2
+    check(pat, mode, dtype, H=H, d=d, block=32, B=B)
+    if mode == "multihead":  # a piece per group: nothing passes from one piece to another
+        assert calls == [(0, B * H, True)] * 2
+        return
+    runs = sorted({(a, b) for a, b, _ in calls})
+    assert runs == [(a, min(B * H, a + heads_per_run)) for a in range(0, B * H, heads_per_run)]
+    assert len(calls) == 2 * len(runs) and not any(nt for _, _, nt in calls)
+    calls.clear()
+    monkeypatch.setattr(fw, "_CHUNK_BYTES", 1 << 40)  # every head in one call: state sent to memory
+    check(pat, mode, dtype, H=H, d=d, block=32, B=B)
+    assert calls == [(0, B * H, True)] * 2
+
+
 @pytest.mark.parametrize("dense", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("d", [16, 48, 64, 80, 128])

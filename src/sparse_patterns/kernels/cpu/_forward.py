@@ -19,7 +19,9 @@ class by class); if a work item's keys span much more than its queries (summary 
 put first), the used key blocks are put in the piece's order once per call instead.
 Two consecutive pieces of a group with the same query order that copy nothing (fixed's
 blocks and its summary keys) run block by block in one pass (:func:`_forward_pair`),
-so that a block's state passes from one to the other in the cache.
+so that a block's state passes from one to the other in the cache; pieces that neither
+pair nor reorder (strided's residue classes, then its window) run head by head, so that
+the state and rows that one leaves are read by the next from the last-level cache.
 Nothing of size ``n x n`` is ever allocated.
 
 The row max (measured, A/B in one process): a float max reduction is not vectorized
@@ -73,6 +75,13 @@ from ._schedule import (
 )
 
 __all__ = ["forward", "forward_bf16"]
+
+# q, k, v and output bytes of the heads that the pieces of a softmax group run over
+# before the next heads (see _forward): about half of a 32 MB last-level cache. The
+# strided forward at n = 16,384 (B=1, H=8, d=64; one head per run): float32 26.1-26.8
+# instead of 28.3-29.1 ms, bf16 products 19.9-22.2 instead of 21.3-22.6 ms (5 runs of
+# 6 interleaved rounds each, AMD Zen 5); 8 MB no better
+_CHUNK_BYTES = 16 << 20
 
 
 # --------------------------------------------------------------------- row helpers
@@ -389,10 +398,11 @@ def _views(bufs, tid):  # pragma: no cover - compiled
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
-def _forward_piece(q1, k1, v1, vi1, o1, m1, l1, BH, H, d, dw, bf, scale, G, g, p, first, last,
-                   qperm, kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col, tile_mask,
-                   masks, maskt, grows, fused, block, chunk, seg, precise, T):  # pragma: no cover - compiled
-    """Piece ``p`` (softmax group ``g``) of every (batch, head) whose group is ``g``.
+def _forward_piece(q1, k1, v1, vi1, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G, g, p, first,
+                   last, qperm, kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col,
+                   tile_mask, masks, maskt, grows, fused, block, chunk, seg, precise, nt, T):  # pragma: no cover - compiled
+    """Piece ``p`` (softmax group ``g``) of every (batch, head) ``bh0 <= bh < bh1`` whose
+    group is ``g``.
 
     ``span > 0``: the key blocks of a work item's tiles lie within ``span``
     consecutive blocks of the piece's order; each work item then copies those key
@@ -400,7 +410,8 @@ def _forward_piece(q1, k1, v1, vi1, o1, m1, l1, BH, H, d, dw, bf, scale, G, g, p
     and softmax state, into buffers of its own, in which the piece's order is
     contiguous. ``copies`` (from :func:`_copy_orders`) lists, per work item, the
     positions to copy in the order that moves rows fastest. ``vi1, dw, bf``: as in
-    :func:`_qblock` (bf16: a work item pairs the value rows it copies as it copies them)."""
+    :func:`_qblock` (bf16: a work item pairs the value rows it copies as it copies them).
+    ``nt``: a work item stores its state back with non-temporal stores."""
     _wide()
     n = m1.shape[0] // BH
     nb = (n + block - 1) // block
@@ -416,13 +427,13 @@ def _forward_piece(q1, k1, v1, vi1, o1, m1, l1, BH, H, d, dw, bf, scale, G, g, p
     wkl = _aligned(T * 2 * nkl * d, q1).reshape((T, 2, nkl * d))
     wql = _aligned(T * 2 * nql * d, q1).reshape((T, 2, nql * d))
     wml = _aligned(T * 2 * nql, q1).reshape((T, 2, nql))
-    # a work item's state goes back to rows of ``o1`` scattered in runs of a few:
-    # where each row is whole cache lines, stored without reading them first (the
-    # strided forward at n = 16,384 2.3% faster, A/B; the next piece reads it again
-    # from memory either way)
-    whole_lines = (d * o1.itemsize) % 64 == 0 and o1.ctypes.data % 64 == 0
-    for w in prange(BH * nseg):
-        bh = w // nseg
+    # a work item's state goes back to rows of ``o1`` scattered in runs of a few: with
+    # ``nt`` (every head in one call: the next piece reads the state from memory either
+    # way), where each row is whole cache lines, stored without reading them first (the
+    # strided forward at n = 16,384 2.3% faster, A/B)
+    whole_lines = nt and (d * o1.itemsize) % 64 == 0 and o1.ctypes.data % 64 == 0
+    for w in prange((bh1 - bh0) * nseg):
+        bh = bh0 + w // nseg
         if (bh % H) % G != g:
             continue
         tid = numba.get_thread_id()
@@ -487,9 +498,9 @@ def _forward_piece(q1, k1, v1, vi1, o1, m1, l1, BH, H, d, dw, bf, scale, G, g, p
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
-def _forward_pair(q1, ka, va, via, kb, vb, vib, o1, m1, l1, BH, H, d, dw, bf, scale, G, g, pa, pb,
-                  first, last, qperm, kpa, kta, ksa, kpb, ktb, ksb, tile_ptr, tile_col, tile_mask,
-                  masks, maskt, grows, fused, block, chunk, seg, precise, T):  # pragma: no cover - compiled
+def _forward_pair(q1, ka, va, via, kb, vb, vib, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
+                  g, pa, pb, first, last, qperm, kpa, kta, ksa, kpb, ktb, ksb, tile_ptr, tile_col,
+                  tile_mask, masks, maskt, grows, fused, block, chunk, seg, precise, T):  # pragma: no cover - compiled
     """Pieces ``pa`` then ``pb`` of softmax group ``g``, one after the other on each
     query block, for two pieces with the same query order that copy nothing: what two
     :func:`_forward_piece` calls compute, but a block's state (its rows of ``o1``,
@@ -503,8 +514,8 @@ def _forward_pair(q1, ka, va, via, kb, vb, vib, o1, m1, l1, BH, H, d, dw, bf, sc
     nb = (n + block - 1) // block
     nseg = (nb + seg - 1) // seg
     bufs = _thread_buffers(T, block, chunk, d, q1)
-    for w in prange(BH * nseg):
-        bh = w // nseg
+    for w in prange((bh1 - bh0) * nseg):
+        bh = bh0 + w // nseg
         if (bh % H) % G != g:
             continue
         own = _views(bufs, numba.get_thread_id())
@@ -540,40 +551,52 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
     fused = block == 32 and not precise
     maskt = plan.memo("cpu.masks_t", lambda: _masks_t(plan)) if fused else _NO_MASKS
     grows = plan.memo("cpu.group_rows", lambda: _group_rows(maskt)) if fused else _NO_ROWS
-    pending = None  # a piece held back to run together with the next one (_forward_pair)
-    for (p, first, last, span, items, reorder, kt, ks, kperm_used, copies,
-         pair) in plan.memo(("cpu.forward", seg), lambda: _forward_steps(plan, seg)):
-        kq, vq, viq = k1, v1, vi1
-        if reorder is not None:  # the used key blocks put in the piece's order
-            if kp1 is None:  # one buffer pair reused by the pieces
-                kp1, vp1 = _buffer(k1.shape, k1.dtype), _buffer(v1.shape, v1.dtype)
-            s, rows = reorder
-            if s > 0:
-                _permute_residue(k1, s, BH, n, dw, kp1)
-            else:
-                _permute_rows(k1, plan.kperm, p, BH, rows, dw, kp1)
-            if bf:  # the values straight into pairs: all the reordered piece reads of them
-                _permute_rows_paired(v1, plan.kperm, p, BH, rows, dw, vp1)
-            elif s > 0:
-                _permute_residue(v1, s, BH, n, dw, vp1)
-            else:
-                _permute_rows(v1, plan.kperm, p, BH, rows, dw, vp1)
-            kq, vq, viq = kp1, vp1, vp1
-        if pair:
-            pending = (p, first, kperm_used, kt, ks, kq, vq, viq)
-            continue
-        if pending is not None:
-            pa, pfirst, kpa, kta, ksa, ka, va, via = pending
-            pending = None
-            _forward_pair(q1, ka, va, via, kq, vq, viq, o1, m1, l1, BH, H, d, dw, bf, scale, G,
-                          groups[p], pa, p, pfirst, last, plan.qperm, kpa, kta, ksa, kperm_used,
-                          kt, ks, plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks, maskt,
-                          grows, fused, block, chunk, items, precise, numba.get_num_threads())
-            continue
-        _forward_piece(q1, kq, vq, viq, o1, m1, l1, BH, H, d, dw, bf, scale, G, groups[p], p,
-                       first, last, plan.qperm, kperm_used, kt, ks, span, copies, plan.tile_ptr,
-                       plan.tile_col, plan.tile_mask, plan.masks, maskt, grows, fused, block,
-                       chunk, items, precise, numba.get_num_threads())
+    steps = plan.memo(("cpu.forward", seg), lambda: _forward_steps(plan, seg))
+    # a group of several pieces, none reordered (strided: its residue classes, then the
+    # window): all of them on a few heads (``hc``), then on the next ones, so that the
+    # state one piece leaves in ``o1`` and the rows of q, k, v that the next one reads
+    # again come from the last-level cache, not memory; the state is then stored
+    # normally, not with non-temporal stores (which send it to memory)
+    hc = BH
+    if len(set(groups)) < len(steps) and all(st[5] is None for st in steps):
+        hc = min(BH, max(1, _CHUNK_BYTES // (4 * n * d * o1.itemsize)))
+    T = numba.get_num_threads()
+    for bh0 in range(0, BH, hc):
+        bh1 = min(BH, bh0 + hc)
+        pending = None  # a piece held back to run together with the next one (_forward_pair)
+        for (p, first, last, span, items, reorder, kt, ks, kperm_used, copies, pair) in steps:
+            kq, vq, viq = k1, v1, vi1
+            if reorder is not None:  # the used key blocks put in the piece's order (hc = BH)
+                if kp1 is None:  # one buffer pair reused by the pieces
+                    kp1, vp1 = _buffer(k1.shape, k1.dtype), _buffer(v1.shape, v1.dtype)
+                s, rows = reorder
+                if s > 0:
+                    _permute_residue(k1, s, BH, n, dw, kp1)
+                else:
+                    _permute_rows(k1, plan.kperm, p, BH, rows, dw, kp1)
+                if bf:  # the values straight into pairs: all the reordered piece reads of them
+                    _permute_rows_paired(v1, plan.kperm, p, BH, rows, dw, vp1)
+                elif s > 0:
+                    _permute_residue(v1, s, BH, n, dw, vp1)
+                else:
+                    _permute_rows(v1, plan.kperm, p, BH, rows, dw, vp1)
+                kq, vq, viq = kp1, vp1, vp1
+            if pair:
+                pending = (p, first, kperm_used, kt, ks, kq, vq, viq)
+                continue
+            if pending is not None:
+                pa, pfirst, kpa, kta, ksa, ka, va, via = pending
+                pending = None
+                _forward_pair(q1, ka, va, via, kq, vq, viq, o1, m1, l1, BH, bh0, bh1, H, d, dw,
+                              bf, scale, G, groups[p], pa, p, pfirst, last, plan.qperm, kpa,
+                              kta, ksa, kperm_used, kt, ks, plan.tile_ptr, plan.tile_col,
+                              plan.tile_mask, plan.masks, maskt, grows, fused, block, chunk,
+                              items, precise, T)
+                continue
+            _forward_piece(q1, kq, vq, viq, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
+                           groups[p], p, first, last, plan.qperm, kperm_used, kt, ks, span,
+                           copies, plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks,
+                           maskt, grows, fused, block, chunk, items, precise, hc == BH, T)
 
 
 def forward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,
