@@ -179,7 +179,7 @@ def test_bf16_products_against_the_oracle(name, params, mode, monkeypatch):
 
 @needs_bf16_products
 def test_bf16_products_head_by_head_equal_all_heads_at_once(monkeypatch):
-    """strided's pieces run one head at a time (``_CHUNK_BYTES`` below a head's rows) on
+    """strided's pieces run one head at a time (``_CHUNK_BYTES``: a head's rows) on
     bf16 products: the same arithmetic in another order of work, so the output and
     log-sum-exp are bit for bit those of every head in one call."""
     from sparse_patterns.kernels.cpu import _forward as fw
@@ -189,7 +189,7 @@ def test_bf16_products_head_by_head_equal_all_heads_at_once(monkeypatch):
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 2, 2048, 64, generator=g).to(torch.bfloat16) for _ in range(3))
     whole = attention(q, k, v, pat, mode="merged", return_lse=True)
-    monkeypatch.setattr(fw, "_CHUNK_BYTES", 1)
+    monkeypatch.setattr(fw, "_CHUNK_BYTES", 4 * 2048 * 64 * 4)  # one head's rows
     heads = attention(q, k, v, pat, mode="merged", return_lse=True)
     for a, b in zip(whole, heads, strict=True):
         assert torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a,

@@ -417,10 +417,13 @@ def test_pieces_run_head_by_head_match_the_oracle(heads_per_run, dtype, mode, mo
     runs = sorted({(a, b) for a, b, _ in calls})
     assert runs == [(a, min(B * H, a + heads_per_run)) for a in range(0, B * H, heads_per_run)]
     assert len(calls) == 2 * len(runs) and not any(nt for _, _, nt in calls)
-    calls.clear()
-    monkeypatch.setattr(fw, "_CHUNK_BYTES", 1 << 40)  # every head in one call: state sent to memory
-    check(pat, mode, dtype, H=H, d=d, block=32, B=B)
-    assert calls == [(0, B * H, True)] * 2
+    for budget in (1 << 40, 4 * n * d * np.dtype(dtype).itemsize - 1):
+        # every head in one call, the state sent to memory: the budget holds every head,
+        # or not even one
+        calls.clear()
+        monkeypatch.setattr(fw, "_CHUNK_BYTES", budget)
+        check(pat, mode, dtype, H=H, d=d, block=32, B=B)
+        assert calls == [(0, B * H, True)] * 2
 
 
 @pytest.mark.parametrize("dense", [False, True])

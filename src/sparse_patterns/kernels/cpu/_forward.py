@@ -20,8 +20,9 @@ put first), the used key blocks are put in the piece's order once per call inste
 Two consecutive pieces of a group with the same query order that copy nothing (fixed's
 blocks and its summary keys) run block by block in one pass (:func:`_forward_pair`),
 so that a block's state passes from one to the other in the cache; pieces that neither
-pair nor reorder (strided's residue classes, then its window) run head by head, so that
-the state and rows that one leaves are read by the next from the last-level cache.
+pair nor reorder (strided's residue classes, then its window) run head by head where a
+head's rows fit half the last-level cache, so that the state and rows that one leaves are
+read by the next from that cache.
 Nothing of size ``n x n`` is ever allocated.
 
 The row max (measured, A/B in one process): a float max reduction is not vectorized
@@ -80,7 +81,9 @@ __all__ = ["forward", "forward_bf16"]
 # before the next heads (see _forward): about half of a 32 MB last-level cache. The
 # strided forward at n = 16,384 (B=1, H=8, d=64; one head per run): float32 26.1-26.8
 # instead of 28.3-29.1 ms, bf16 products 19.9-22.2 instead of 21.3-22.6 ms (5 runs of
-# 6 interleaved rounds each, AMD Zen 5); 8 MB no better
+# 6 interleaved rounds each, AMD Zen 5); 8 MB no better. Where one head's rows exceed it
+# (n = 65,536: 64 MB) the state goes to memory either way, and head by head without
+# non-temporal stores was 3% slower (interleaved processes): every head runs at once
 _CHUNK_BYTES = 16 << 20
 
 
@@ -559,7 +562,8 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
     # normally, not with non-temporal stores (which send it to memory)
     hc = BH
     if len(set(groups)) < len(steps) and all(st[5] is None for st in steps):
-        hc = min(BH, max(1, _CHUNK_BYTES // (4 * n * d * o1.itemsize)))
+        hc = _CHUNK_BYTES // (4 * n * d * o1.itemsize)
+        hc = BH if hc < 1 else min(BH, hc)  # a head larger than the cache: all at once
     T = numba.get_num_threads()
     for bh0 in range(0, BH, hc):
         bh1 = min(BH, bh0 + hc)
