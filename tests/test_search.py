@@ -160,7 +160,11 @@ def test_worker_lost_mid_search_loses_no_row(cluster, how):
     assert fired == [1] and len(res) == 12 and res.counts()["errors"] == 0
     assert res.frame["ok"].all() and res.computed == 12
     client.wait_for_workers(2, timeout=30)
-    _settle(cluster)  # no result of a lost attempt held on the scheduler afterwards
+    # no result of a lost attempt held on the scheduler afterwards. Without search's
+    # _release, results of the restarted search came back later, held for the client: in
+    # this file's order the kill case (run after restart) then failed here, 1 run of 1, and
+    # the interrupted-search test 3 of 3; this test alone passed.
+    _settle(cluster)
 
 
 def _not_installed(*args, **kwargs):
