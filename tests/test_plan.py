@@ -273,3 +273,18 @@ def test_planning_threads_follow_numba_threads(threads, want):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True)
     assert out.stdout.split() == [str(want)]
+
+
+@settings(max_examples=50, deadline=None)
+@given(n=st.integers(1, 200), data=st.data())
+def test_used_first_is_the_used_keys_then_the_others(n, data):
+    """The keys a piece's sampled rows hold, in order, then the rest: NumPy's answer."""
+    from sparse_patterns.kernels._tiling import used_first
+
+    idx = np.array(data.draw(st.lists(st.integers(0, n - 1), max_size=3 * n)), dtype=np.int32)
+    out = np.empty(n, np.int32)
+    used = np.zeros(n, bool)
+    used[idx] = True
+    assert used_first(idx, n, out) == used.sum()
+    np.testing.assert_array_equal(out, np.concatenate([np.flatnonzero(used),
+                                                       np.flatnonzero(~used)]))

@@ -15,7 +15,7 @@ import numpy as np
 
 from .._rule import csr_spans, residue_order
 from ..pattern import Pattern
-from ._tiling import chunk_tiles, gcd_of_offsets, piece_rows
+from ._tiling import chunk_tiles, gcd_of_offsets, piece_rows, used_first
 
 __all__ = ["CHUNK_ROWS", "CHUNK_ENTRIES", "SAMPLE_BLOCKS", "residue_perm", "pieces", "piece_tiles",
            "chunk_rows", "MaskTable"]
@@ -136,11 +136,9 @@ def _choose(pattern: Pattern, pieces: list[_Piece], block: int) -> None:
                 r = residue_perm(n, s).astype(dt)
                 residue[s] = (r, pattern.rows_of(r[tokens]))
             cands.append((("residue", s), residue[s][0], residue[s][0]))
-        used = np.zeros(n, dtype=bool)
-        used[indices] = True
-        u = int(used.sum())
+        kp = np.empty(n, dtype=dt)
+        u = int(used_first(indices, n, kp))
         if 0 < u < n:
-            kp = np.concatenate([np.flatnonzero(used), np.flatnonzero(~used)]).astype(dt)
             cands.append((("keys", u), ident, kp))
         best = None
         for kind, qp, kp in cands:

@@ -10,7 +10,30 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["gcd_of_offsets", "piece_rows", "chunk_tiles"]
+__all__ = ["gcd_of_offsets", "used_first", "piece_rows", "chunk_tiles"]
+
+
+@numba.njit(cache=True, nogil=True)
+def used_first(indices, n, out):  # pragma: no cover - compiled
+    """The keys among ``0 .. n-1`` that ``indices`` holds, in increasing order, then the
+    others, written into ``out`` (a permutation); returns how many are held. (A loop:
+    NumPy's ``used[indices] = True`` with ``flatnonzero`` took 7.5 ms of a fixed plan's
+    20 ms order choice at n = 16,384.)"""
+    used = np.zeros(n, np.uint8)
+    for e in range(indices.size):
+        used[indices[e]] = 1
+    u = 0
+    for j in range(n):
+        u += used[j]
+    a, b = 0, u
+    for j in range(n):
+        if used[j]:
+            out[a] = j
+            a += 1
+        else:
+            out[b] = j
+            b += 1
+    return u
 
 
 @numba.njit(cache=True, nogil=True)
