@@ -249,8 +249,8 @@ def test_exp32_matches_the_vectorized_loop_bit_for_bit(avx512, monkeypatch):
     import numba
 
     from sparse_patterns.kernels.cpu import _llvm as cpu  # _AVX512 is read there
-    from sparse_patterns.kernels.cpu._forward import _exp_cols
     from sparse_patterns.kernels.cpu._llvm_fwd import _exp32
+    from sparse_patterns.kernels.cpu._softmax import _exp_cols
 
     if avx512 and not cpu._AVX512:
         pytest.skip("this CPU has no AVX-512")

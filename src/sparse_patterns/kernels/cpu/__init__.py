@@ -11,6 +11,8 @@ notes about its code (each measured, A/B in one process, on a CPU without SVML):
 
 - ``_forward``: the forward, one online softmax per token across the pieces of its
   softmax group (``_qblock``: one query block; ``_forward_piece``: the work items);
+- ``_softmax``: the forward's online-softmax loops on score tiles of any size (its
+  general path: float64, tiles other than 32 tokens);
 - ``_backward``: the backward, recomputed from the saved log-sum-exp
   (``_kblock32``: one key block; ``_backward``: the heads in parallel);
   ``_backward_blas``: its general path (BLAS per chunk: float64, other tiles);
@@ -33,8 +35,8 @@ notes about its code (each measured, A/B in one process, on a CPU without SVML):
 The ``@njit(cache=True)`` functions call each other across these modules (numba
 links a callee's LLVM IR into its caller, and LLVM optimizes them together), but
 numba invalidates a cached function only when its own file changes: after editing
-``_llvm.py``, ``_llvm_fwd.py``, ``_llvm_bwd.py``, ``_rows.py``, ``_blas.py``, ``_pool.py``
-or ``_schedule.py``, delete this package's
+``_llvm.py``, ``_llvm_fwd.py``, ``_llvm_bwd.py``, ``_rows.py``, ``_softmax.py``, ``_blas.py``,
+``_pool.py`` or ``_schedule.py``, delete this package's
 ``__pycache__/*.nbi`` and ``*.nbc`` files, or the callers keep the old code.
 """
 

@@ -88,7 +88,7 @@ def _exp_codegen(pack: bool):
 
 @intrinsic
 def _exp32(typingctx, st, nk, cmax, csum):  # pragma: no cover - compiled
-    """:func:`_exp_cols` for 32 float32 queries, the shifts and sums kept in registers:
+    """:func:`._softmax._exp_cols` for 32 float32 queries, the shifts and sums kept in registers:
     ``st[j*32 + r] = 2**(st[j*32 + r] - cmax[r])`` (0 where ``cmax[r]`` is ``-inf``),
     ``csum[r]`` = column sums. The same bits as :func:`_exp2f` (see :func:`_emit_exp2`)."""
     return types.none(st, nk, cmax, csum), _exp_codegen(False)
@@ -344,7 +344,7 @@ def _scores32(typingctx, k, koff, qt, st, ntile, d, alpha, tmask, t0, maskt,
               cmax):  # pragma: no cover - compiled
     """Masked, transposed scores of 32 queries against ``ntile`` tiles of 32 keys, and
     their running column max, in one register-blocked pass (what the score ``gemm``,
-    the masking and the max pass of :func:`_softmax_cols` do in three).
+    the masking and the max pass of :func:`._softmax._softmax_cols` do in three).
 
     ``st[j*32 + r] = alpha * sum_c k[koff + j*d + c] * qt[c*32 + r]`` (``qt``: ``Q^T``,
     ``d x 32``), accumulated for 8 keys x 32 queries in 16 vector registers; ``-inf``
@@ -354,7 +354,7 @@ def _scores32(typingctx, k, koff, qt, st, ntile, d, alpha, tmask, t0, maskt,
     products of a group of 8 keys with a half of the queries (16) that none of those
     keys is seen by are skipped (a diagonal or band tile's corners: a quarter of a
     triangle's tile; the strided forward at n = 16,384 about 1.5% faster, A/B). Unlike
-    :func:`_softmax_cols`, a NaN score need not leave a NaN max (``vmaxps`` keeps the
+    :func:`._softmax._softmax_cols`, a NaN score need not leave a NaN max (``vmaxps`` keeps the
     later operand): the row still ends NaN, as the NaN score's exponential is NaN.
     """
     return types.none(k, koff, qt, st, ntile, d, alpha, tmask, t0, maskt, cmax), _scores_codegen(False)
