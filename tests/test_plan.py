@@ -205,8 +205,10 @@ def test_tiny_chunks_give_the_plan_of_one_chunk(monkeypatch, name, n, params, mo
     pat = sps.make(name, n, **params)
     monkeypatch.setattr(planning, "CHUNK_ROWS", n)
     whole = _plan_arrays(plan(pat, block=8, mode=mode, cache=False))
-    for rows in (1, 8, 24):  # rounded up to whole query blocks of 8
+    for rows, threads in ((1, 2), (8, 2), (24, 2), (8, 1)):  # whole query blocks of 8
         monkeypatch.setattr(planning, "CHUNK_ROWS", rows)
+        # one thread: the chunks run in this thread, without a pool (a search's workers)
+        monkeypatch.setattr(sps.kernels.planning, "planning_threads", lambda t=threads: t)
         got = _plan_arrays(plan(pat, block=8, mode=mode, cache=False))
         for k, v in whole.items():
             assert np.array_equal(got[k], v) if k != "kind" else got[k] == v, k

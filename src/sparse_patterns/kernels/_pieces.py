@@ -9,6 +9,7 @@ that a plan never holds more than a chunk of the pattern.
 
 from __future__ import annotations
 
+from concurrent.futures import Executor
 from typing import Any
 
 import numpy as np
@@ -172,8 +173,10 @@ def pieces(pattern: Pattern, mode: str, block: int) -> tuple[list[_Piece], int]:
     return list(merged.values()), 1
 
 
-def piece_tiles(pattern: Pattern, pc: _Piece, block: int, chunk: int, pool) -> list[tuple]:
-    """Stream the piece's query blocks in its order, ``chunk`` rows at a time."""
+def piece_tiles(pattern: Pattern, pc: _Piece, block: int, chunk: int,
+                pool: Executor | None) -> list[tuple]:
+    """Stream the piece's query blocks in its order, ``chunk`` rows at a time (on ``pool``'s
+    threads, or in this one when None)."""
     n = pattern.n
     kpos = _inverse(pc.kperm)
     step = _step(pc.kind)
@@ -187,7 +190,7 @@ def piece_tiles(pattern: Pattern, pc: _Piece, block: int, chunk: int, pool) -> l
         masks, tm = _distinct(masks, tm)
         return qcount, tj, tm, masks, area, pairs
 
-    return list(pool.map(run, range(0, n, chunk)))
+    return list((map if pool is None else pool.map)(run, range(0, n, chunk)))
 
 
 def _distinct(masks: np.ndarray, tm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

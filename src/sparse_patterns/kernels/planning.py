@@ -16,6 +16,7 @@ structure.
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
@@ -370,7 +371,9 @@ def _build(pattern: Pattern, block: int, mode: str) -> ExecutionPlan:
     computed = np.zeros(G, dtype=np.int64)
     kept, counts, cols, mask_idx = [], [], [], []
     table = MaskTable()
-    with ThreadPoolExecutor(max_workers=planning_threads()) as pool:
+    threads = planning_threads()
+    # one thread: the chunks run here (a pool's thread would only wait for this one's GIL)
+    with ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool:
         for pc in parts_of:
             parts = piece_tiles(pattern, pc, block, chunk, pool)
             pairs = sum(part[5] for part in parts)
