@@ -307,34 +307,42 @@ def _run(client: Any, todo: list[dict[str, Any]], cache: Any, measured: tuple[st
     run = uuid.uuid4().hex[:8]  # task keys of one run never meet those of another
     lost: list[str] = []  # keys of tasks lost with their workers (done again under new keys)
 
-    def submit(rec: dict[str, Any]) -> Any:
+    def task_key(rec: dict[str, Any]) -> tuple[str, str]:
         key = recipe_key(rec, __version__)
         k = attempts[key] = attempts.get(key, 0) + 1
-        fut = client.submit(run_candidate, rec, __version__, measured, **task_kw,
-                            key=f"search-{rec['family']}-{key[:12]}-{run}-{k}", pure=False,
-                            priority=_cost(rec))  # longest first: no long task in the tail
-        futures[fut] = (rec, key)
-        return fut
+        return key, f"search-{rec['family']}-{key[:12]}-{run}-{k}"
 
-    ac = as_completed([submit(r) for r in todo], loop=client.loop)
+    def submit(recs: list[dict[str, Any]]) -> list[Any]:
+        # one graph for them all (one message to the scheduler, not one a task), in the order
+        # given: the scheduler starts them in that order
+        keys = [task_key(rec) for rec in recs]
+        futs = client.map(run_candidate, recs, key=[k for _, k in keys], pure=False,
+                          version=__version__, measure=measured, **task_kw)
+        futures.update(zip(futs, zip(recs, (key for key, _ in keys), strict=True), strict=True))
+        return futs
+
+    # longest first, so that no long task is left alone in the tail
+    ac = as_completed(submit(sorted(todo, key=_cost, reverse=True)), loop=client.loop)
     fut = None
+    batch: list[Any] = []
     try:
-        for fut in ac:
-            rec, key = futures.pop(fut)
-            row = _outcome(fut, rec, measured)
-            if row is None:  # lost with its worker (restart, killed process): again
-                lost.append(fut.key)
-                if attempts[key] <= retries:
-                    if client.status in ("closing", "closed"):
-                        raise ConnectionError("scheduler: the connection to the scheduler was "
-                                              "lost")
-                    ac.add(submit(rec))
-                    continue
-                row = _lost_row(rec, measured, f"CancelledError: lost {attempts[key]} times "
-                                "with its worker (restarted or killed)")
-            if cache is not None and row["worker"] is not None:  # computed by a worker
-                cache.add(row)
-            done(row)
+        for batch in ac.batches():  # what finished meanwhile: one gather, not one each
+            for fut, value in _results(client, batch):
+                rec, key = futures.pop(fut)
+                row = _outcome(fut, rec, measured) if value is None else value
+                if row is None:  # lost with its worker (restart, killed process): again
+                    lost.append(fut.key)
+                    if attempts[key] <= retries:
+                        if client.status in ("closing", "closed"):
+                            raise ConnectionError("scheduler: the connection to the scheduler was "
+                                                  "lost")
+                        ac.update(submit([rec]))
+                        continue
+                    row = _lost_row(rec, measured, f"CancelledError: lost {attempts[key]} times "
+                                    "with its worker (restarted or killed)")
+                if cache is not None and row["worker"] is not None:  # computed by a worker
+                    cache.add(row)
+                done(row)
     finally:
         if futures:
             try:
@@ -345,7 +353,7 @@ def _run(client: Any, todo: list[dict[str, Any]], cache: Any, measured: tuple[st
         # a traceback keeps this frame: hold no future, so the scheduler can forget them all
         futures.clear()
         ac.clear()
-        fut = None  # noqa: F841
+        fut = batch = None  # noqa: F841
 
 
 def _cost(rec: dict[str, Any]) -> int:
@@ -378,6 +386,19 @@ def _release(client: Any, keys: list[str]) -> None:
     with contextlib.suppress(Exception):  # the scheduler may be gone
         for key in keys:
             Future(key, client)
+
+
+def _results(client: Any, batch: list[Any]) -> list[tuple[Any, dict[str, Any] | None]]:
+    """``(future, row or None)`` for each future of ``batch``: the rows of the finished ones
+    fetched in one gather (one round trip instead of one a row); None for the others, and
+    for all of them if that gather fails (a worker lost meanwhile): :func:`_outcome` then
+    looks at each."""
+    finished = [f for f in batch if f.status == "finished"]
+    try:
+        rows = dict(zip(finished, client.gather(finished), strict=True)) if finished else {}
+    except Exception:  # noqa: BLE001 - sorted out future by future in _outcome
+        rows = {}
+    return [(f, rows.get(f)) for f in batch]
 
 
 def _outcome(fut: Any, rec: dict[str, Any], measured: tuple[str, ...]) -> dict[str, Any] | None:
