@@ -310,7 +310,10 @@ def _run(client: Any, todo: list[dict[str, Any]], cache: Any, measured: tuple[st
     def task_key(rec: dict[str, Any]) -> tuple[str, str]:
         key = recipe_key(rec, __version__)
         k = attempts[key] = attempts.get(key, 0) + 1
-        return key, f"search-{rec['family']}-{key[:12]}-{run}-{k}"
+        # one task group ("search": dask's key_split stops at the hash) for every family, so
+        # that the scheduler queues them all and starts them in priority order; a group per
+        # family of 4 or fewer tasks would go to the workers at once, ahead of longer ones
+        return key, f"search-{key[:12]}-{rec['family']}-{run}-{k}"
 
     def submit(recs: list[dict[str, Any]]) -> list[Any]:
         # one graph for them all (one message to the scheduler, not one a task), in the order
