@@ -225,7 +225,10 @@ def _connect(client: Any, workers: int | None, timeout: float) -> tuple[Any, lis
                                    dashboard_address=None, silence_logs=logging.ERROR,
                                    env=WORKER_ENV, scheduler_kwargs=_NO_DASHBOARD)
         try:
-            return Client(cluster, set_as_default=False), [cluster, environ]
+            # rows come straight from the workers, not through the scheduler, which runs
+            # in this process and shares its cores with them
+            return (Client(cluster, set_as_default=False, direct_to_workers=True),
+                    [cluster, environ])
         except BaseException:
             cluster.close()
             environ.close()
