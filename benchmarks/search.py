@@ -8,15 +8,17 @@ summary heads; strided: the same strides, both windows; local and dilated: windo
 verified exactly and planned (``--time``: also the kernel's forward timed):
 
 1. serially in this process (numba with its default threads), after a warm-up;
+   then again with one thread (numba's and the plan's, as a worker has);
 2. on a LocalCluster of ``--workers`` processes (one thread each), end to end:
    starting the cluster, the workers' imports, the grid, closing it;
 3. on the same kind of cluster already started and warmed (the grid alone).
 
 1 and 3 alternate for ``--rounds`` rounds (a shared machine's load moves); the
-target is 3 at most 0.6x the serial time on a 2-core machine. The serial run is
-itself parallel (the plan's chunks on a thread pool, numba's parallel loops): the
-cores it keeps busy on average (CPU time over wall time) are printed with it, and
-``busy / workers`` is the least a cluster of one-thread workers can take of it. Then the
+target is 3 at most 0.6x the serial time on a 2-core machine. The serial run keeps
+more than one core busy (the plan's chunks on a thread pool, numba's parallel loops;
+CPU time over wall time is printed with it), but on this grid the second core buys
+little: the one-thread run's time divided by the workers is the least a cluster of
+one-thread workers can take, printed as a fraction of the serial time. Then the
 scheduler's overhead per task: 1,000 no-op tasks through the same cluster, and
 per round the grid's wall x workers minus the tasks' own time, per task. Timings
 are wall clock on whatever machine runs this; compare only figures printed by
@@ -91,10 +93,12 @@ def main() -> None:
             serial_s.append(time.perf_counter() - t)
             busy_serial = (time.process_time() - cpu) / serial_s[-1]
             bad = sum(r["status"] != "ok" for r in serial)
+            one = _one_thread(lambda: [run_candidate(r, __version__, measure) for r in recipes])
             print(f"round {k + 1}: 1. serial, one process:            {serial_s[-1]:7.2f} s  "
-                  f"({bad} errors; {busy_serial:.2f} cores busy on average: the planning's "
-                  f"threads and numba's, so {args.workers} one-thread workers can at best take "
-                  f"{min(1.0, busy_serial / args.workers):.2f}x this)", flush=True)
+                  f"({bad} errors; {busy_serial:.2f} cores busy on average); with one thread "
+                  f"{one:.2f} s, so {args.workers} one-thread workers can at best take "
+                  f"{min(1.0, one / args.workers / serial_s[-1]):.2f}x the serial time",
+                  flush=True)
             t = time.perf_counter()
             res = search(fams, g, args.n, measure=measure, client=client)
             warm_s.append(time.perf_counter() - t)
@@ -120,6 +124,24 @@ def main() -> None:
     print(f"best of {args.rounds}: serial {min(serial_s):.2f} s, cluster {min(warm_s):.2f} s = "
           f"{min(warm_s) / min(serial_s):.2f}x serial (target <= 0.6x)")
     print(f"load average after: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def _one_thread(run: Any) -> float:
+    """Seconds ``run()`` takes with numba and the plan's chunks on one thread."""
+    import numba
+
+    from sparse_patterns.kernels import planning
+
+    threads, before = numba.get_num_threads(), planning.planning_threads
+    numba.set_num_threads(1)
+    planning.planning_threads = lambda: 1
+    try:
+        t = time.perf_counter()
+        run()
+        return time.perf_counter() - t
+    finally:
+        numba.set_num_threads(threads)
+        planning.planning_threads = before
 
 
 def _overhead(client: Any, count: int = 1000) -> None:
