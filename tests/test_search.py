@@ -87,9 +87,33 @@ def _reference(row, mode):
     return pat, rep, pl
 
 
+def _start_orders(stream) -> list[list[str]]:
+    """Per worker, the hashes of the search tasks it ran, in the order they started."""
+    per: dict[str, list[tuple[float, str]]] = {}
+    for t in stream:
+        if str(t["key"]).startswith("search-"):
+            start = min(s["start"] for s in t["startstops"] if s["action"] == "compute")
+            per.setdefault(t["worker"], []).append((start, str(t["key"]).split("-")[1]))
+    return [[h for _, h in sorted(v)] for v in per.values()]
+
+
 def test_rows_equal_serial_verify_and_plan(cluster):
-    res = search(["fixed", "strided", "longformer"], {**GRID, "window": 4, "global_tokens": [1, 2]},
-                 [256, 1000], block=16, client=cluster[0])
+    from distributed import get_task_stream
+
+    from sparse_patterns.search import _cost
+
+    with get_task_stream(client=cluster[0]) as stream:
+        res = search(["fixed", "strided", "longformer"],
+                     {**GRID, "window": 4, "global_tokens": [1, 2]}, [256, 1000], block=16,
+                     client=cluster[0])
+    # longest first: the scheduler hands the tasks out in that order, so each worker starts
+    # its own in that order (with a dask task group per family, the groups of 4 tasks went
+    # to the workers at once and ran before longer ones: costs 4,2,1 then 34 on a worker)
+    cost = {row["key"][:12]: _cost({"family": row["family"], "n": row["n"],
+                                    "params": json.loads(row["params"])}) for row in res.rows}
+    orders = [[cost[h] for h in hashes] for hashes in _start_orders(stream.data)]
+    assert sum(map(len, orders)) == len(res)
+    assert all(a >= b for costs in orders for a, b in zip(costs, costs[1:]))
     assert isinstance(res, SearchResult)
     # fixed: 2 strides x 3 c; strided: 2 strides; longformer: 2 global_tokens; at 2 ns
     assert len(res) == 2 * (6 + 2 + 2) and res.computed == 20 and res.reused == 0
