@@ -198,7 +198,7 @@ def _not_installed(*args, **kwargs):
 def test_workers_that_cannot_run_the_package_stop_the_search(cluster, monkeypatch, tmp_path):
     import sparse_patterns.search as mod
 
-    monkeypatch.setattr(mod, "run_candidate", _not_installed)  # what a bare worker does
+    monkeypatch.setattr(mod, "run_packed", _not_installed)  # what a bare worker does
     with pytest.raises(OSError, match=r"workers: cannot run a search task \(ModuleNotFoundError: "
                                       r"No module named .*; install sparse-patterns"):
         search("strided", {"stride": [8, 16]}, 64, client=cluster[0], cache=tmp_path / "r.jsonl")

@@ -44,7 +44,7 @@ from .._modes import MODES
 from .._validate import MAX_N, check_bool, check_choice, check_int
 from ._cache import open_cache
 from ._result import SearchResult
-from ._tasks import MEASURES, normalize_measures, recipe_key, run_candidate
+from ._tasks import MEASURES, normalize_measures, recipe_key, run_packed, unpack_row
 
 __all__ = ["search", "SearchResult", "SearchInterrupted", "MEASURES", "WORKER_ENV",
            "MAX_CANDIDATES"]
@@ -322,7 +322,7 @@ def _run(client: Any, todo: list[dict[str, Any]], cache: Any, measured: tuple[st
         # one graph for them all (one message to the scheduler, not one a task), in the order
         # given: the scheduler starts them in that order
         keys = [task_key(rec) for rec in recs]
-        futs = client.map(run_candidate, recs, key=[k for _, k in keys], pure=False,
+        futs = client.map(run_packed, recs, key=[k for _, k in keys], pure=False,
                           version=__version__, measure=measured, **task_kw)
         futures.update(zip(futs, zip(recs, (key for key, _ in keys), strict=True), strict=True))
         return futs
@@ -401,7 +401,9 @@ def _results(client: Any, batch: list[Any]) -> list[tuple[Any, dict[str, Any] | 
     looks at each."""
     finished = [f for f in batch if f.status == "finished"]
     try:
-        rows = dict(zip(finished, client.gather(finished), strict=True)) if finished else {}
+        rows = ({f: unpack_row(text) for f, text in zip(finished, client.gather(finished),
+                                                         strict=True)}
+                if finished else {})
     except Exception:  # noqa: BLE001 - sorted out future by future in _outcome
         rows = {}
     return [(f, rows.get(f)) for f in batch]
@@ -410,7 +412,8 @@ def _results(client: Any, batch: list[Any]) -> list[tuple[Any, dict[str, Any] | 
 def _outcome(fut: Any, rec: dict[str, Any], measured: tuple[str, ...]) -> dict[str, Any] | None:
     """The row a finished future holds, an error row, or None when it was lost.
 
-    :func:`run_candidate` turns a candidate's own failure into its row, so a task that
+    :func:`~._tasks.run_candidate` turns a candidate's own failure into its row (a task
+    returns it as JSON, :func:`~._tasks.run_packed`), so a task that
     raises failed around it: its worker died every time it ran it (``KilledWorker``:
     an error row, computed again by the next search), or the workers cannot run
     this package (not installed, another version): ``OSError``, the search stops.
@@ -418,7 +421,7 @@ def _outcome(fut: Any, rec: dict[str, Any], measured: tuple[str, ...]) -> dict[s
     from distributed import KilledWorker  # noqa: PLC0415
 
     if fut.status == "finished":
-        return fut.result()
+        return unpack_row(fut.result())
     if fut.status == "error":
         exc = fut.exception()
         if isinstance(exc, KilledWorker):
