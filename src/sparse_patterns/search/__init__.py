@@ -4,7 +4,8 @@
 candidates and runs every candidate as one task on a ``dask.distributed``
 cluster (a :class:`~distributed.LocalCluster` over this machine's cores by
 default, or the ``Client`` / scheduler address given). A task
-(:func:`~sparse_patterns.search._tasks.run_candidate`) verifies the paper's two
+(:func:`~sparse_patterns.search._tasks.run_packed`, around
+:func:`~sparse_patterns.search._tasks.run_candidate`) verifies the paper's two
 criteria exactly, with the depth to full connectivity and the largest hop
 distance, reads ``|A_i|`` against ``n^(1/p)`` and nnz, plans the kernel and
 counts its useful and computed FLOPs, and optionally times its forward on the
@@ -313,10 +314,11 @@ def _run(client: Any, todo: list[dict[str, Any]], cache: Any, measured: tuple[st
     def task_key(rec: dict[str, Any]) -> tuple[str, str]:
         key = recipe_key(rec, __version__)
         k = attempts[key] = attempts.get(key, 0) + 1
-        # one task group ("search": dask's key_split stops at the hash) for every family, so
-        # that the scheduler queues them all and starts them in priority order; a group per
-        # family of 4 or fewer tasks would go to the workers at once, ahead of longer ones
-        return key, f"search-{key[:12]}-{rec['family']}-{run}-{k}"
+        # one task group ("search": dask's key_split stops at an 8-letter hex word, the run)
+        # for every family, so that the scheduler queues them all and starts them in priority
+        # order; a group of at most 2 x the cluster's threads tasks (a family's, when the
+        # family led the key) is not queued: it went to the workers at once, ahead of longer ones
+        return key, f"search-{run}-{key[:12]}-{rec['family']}-{k}"
 
     def submit(recs: list[dict[str, Any]]) -> list[Any]:
         # one graph for them all (one message to the scheduler, not one a task), in the order
@@ -333,22 +335,24 @@ def _run(client: Any, todo: list[dict[str, Any]], cache: Any, measured: tuple[st
     batch: list[Any] = []
     try:
         for batch in ac.batches():  # what finished meanwhile: one gather, not one each
+            again = []  # lost with their workers (restart, killed process): submitted again
             for fut, value in _results(client, batch):
                 rec, key = futures.pop(fut)
                 row = _outcome(fut, rec, measured) if value is None else value
-                if row is None:  # lost with its worker (restart, killed process): again
+                if row is None:
                     lost.append(fut.key)
                     if attempts[key] <= retries:
-                        if client.status in ("closing", "closed"):
-                            raise ConnectionError("scheduler: the connection to the scheduler was "
-                                                  "lost")
-                        ac.update(submit([rec]))
+                        again.append(rec)
                         continue
                     row = _lost_row(rec, measured, f"CancelledError: lost {attempts[key]} times "
                                     "with its worker (restarted or killed)")
                 if cache is not None and row["worker"] is not None:  # computed by a worker
                     cache.add(row)
                 done(row)
+            if again:  # as one graph again, longest first
+                if client.status in ("closing", "closed"):
+                    raise ConnectionError("scheduler: the connection to the scheduler was lost")
+                ac.update(submit(sorted(again, key=_cost, reverse=True)))
     finally:
         if futures:
             try:
