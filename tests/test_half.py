@@ -178,6 +178,42 @@ def test_bf16_products_against_the_oracle(name, params, mode, monkeypatch):
 
 
 @needs_bf16_products
+def test_bf16_exponentials_within_their_stated_error():
+    """The bf16 forward's exponential pass (a degree-4 polynomial): each probability within
+    its bf16 rounding (2**-8) plus 3e-6 of 2**(s - max) in float64, stored as pairs of
+    keys per query; each column sum, of the float32 values before rounding, within 3e-6
+    of float64's; and the polynomial itself within 2.7e-6 on [-1/2, 1/2] in float32."""
+    import numba
+
+    from sparse_patterns.kernels.cpu._llvm import _EXP2_POLY_BF16
+    from sparse_patterns.kernels.cpu._llvm_fwd import _exp32_bf16
+
+    r = np.linspace(-0.5, 0.5, 100_001).astype(np.float32)
+    y = np.full_like(r, _EXP2_POLY_BF16[0])
+    for c in _EXP2_POLY_BF16[1:]:
+        y = (y * r + np.float32(c)).astype(np.float32)
+    assert (np.abs(y / 2.0 ** r.astype(np.float64) - 1) <= 2.7e-6).all()
+
+    @numba.njit
+    def run(st, nk, cmax, csum):
+        _exp32_bf16(st, nk, cmax, csum)
+
+    rng = np.random.default_rng(4)
+    nk = 64
+    s = (rng.standard_normal((nk, 32)) * 6).astype(np.float32)
+    cmax = s.max(axis=0)
+    st, csum = s.reshape(-1).copy(), np.zeros(32, np.float32)
+    run(st, nk, cmax, csum)
+    want = 2.0 ** (s.astype(np.float64) - cmax)  # (keys, queries)
+    words = st.view(np.uint32)[: nk // 2 * 32].reshape(nk // 2, 32)
+    got = np.empty((nk, 32))
+    got[0::2] = (words << 16).view(np.float32)  # low halves: keys 2p
+    got[1::2] = (words & 0xFFFF0000).view(np.float32)  # high halves: keys 2p + 1
+    assert (np.abs(got - want) <= (2.0**-8 + 3e-6) * want).all()
+    np.testing.assert_allclose(csum, want.sum(axis=0), rtol=3e-6)
+
+
+@needs_bf16_products
 def test_bf16_products_head_by_head_equal_all_heads_at_once(monkeypatch):
     """strided's pieces run one head at a time (``_CHUNK_BYTES``: a head's rows) on
     bf16 products: the same arithmetic in another order of work, so the output and

@@ -35,8 +35,8 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 __all__ = [
-    "_FM", "_LOG2E", "_AVX512", "_AVX512_BF16", "_EXP2_POLY", "_wide", "_copy", "_copy_nt",
-    "_zero", "_pair_rows", "_bits_to_f32", "_exp2f", "_transpose16", "_splat", "_BFloat",
+    "_FM", "_LOG2E", "_AVX512", "_AVX512_BF16", "_EXP2_POLY", "_EXP2_POLY_BF16", "_wide",
+    "_copy", "_copy_nt", "_zero", "_pair_rows", "_bits_to_f32", "_exp2f", "_transpose16", "_splat", "_BFloat",
     "_bf16_dot", "_mac", "_bf16_ok", "_emit_exp2", "_pack_bf16", "_cat_bf16",
 ]
 
@@ -185,6 +185,12 @@ _AVX512_BF16 = _has_avx512("avx512bf16")
 # Cephes' degree-6 polynomial for 2**r on [-1/2, 1/2], highest power first
 _EXP2_POLY = (1.535336188319500e-4, 1.339887440266574e-3, 9.618437357674640e-3,
               5.550332471162809e-2, 2.402264791363012e-1, 6.931472028550421e-1, 1.0)
+# degree 4, fitted for relative error on [-1/2, 1/2] (at most 2.7e-6 evaluated in float32):
+# the bf16 forward's probabilities, which are rounded to bf16 (2**-8) right after. Two
+# FMAs less per element than _EXP2_POLY: the bf16 fixed forward (n = 16,384) 1.6% faster,
+# 6 of 6 process pairs alternated
+_EXP2_POLY_BF16 = (9.570095764608282e-3, 5.5917863464206935e-2, 2.4024745011128207e-1,
+                   6.931218143866513e-1, 9.999992613807178e-1)
 
 
 @numba.njit(cache=True, fastmath=_FM, inline="always")
@@ -289,9 +295,10 @@ def _bf16_ok(context, array_type) -> bool:
     return _AVX512_BF16 and context.get_value_type(array_type.dtype) == ir.FloatType()
 
 
-def _emit_exp2(builder, x):
+def _emit_exp2(builder, x, poly=_EXP2_POLY):
     """IR for :func:`_exp2f` on a vector of 16 float32 ``x``: the same operations, so
-    the same bits. On AVX-512, ``vscalefps`` applies ``2**n`` (one instruction for
+    the same bits (``poly``: the polynomial in the fraction, highest power first;
+    :data:`_EXP2_POLY_BF16` gives other bits, for probabilities rounded to bf16). On AVX-512, ``vscalefps`` applies ``2**n`` (one instruction for
     the four of the bit construction, the same single rounding) and propagates NaN
     itself. The clamp stays at -126: an exponent that underflows (2**-150 for a
     masked score) costs a microcode assist per vector, which made the strided
@@ -311,8 +318,8 @@ def _emit_exp2(builder, x):
     xc = builder.select(below, lo, x)  # NaN stays NaN
     nf = builder.call(rint, [xc])
     r = builder.fsub(xc, nf)
-    y = const(_EXP2_POLY[0])
-    for c in _EXP2_POLY[1:]:
+    y = const(poly[0])
+    for c in poly[1:]:
         y = builder.call(fma, [y, r, const(c)])
     if _AVX512:
         scalef = cgutils.get_or_insert_function(
