@@ -12,7 +12,9 @@ What they buy, on a CPU without SVML (each measured, A/B in one process):
   ``exp2f`` (``x = n + r``, a degree-6 polynomial in ``r``, relative error below
   2e-7) written so LLVM vectorizes it, building ``2**n`` with a bitcast (the
   backward does the same with the saved log-sum-exp); float64 keeps ``math.exp``;
-  on AVX-512 the IR twin applies ``2**n`` by ``vscalefps``;
+  on AVX-512 the IR twin applies ``2**n`` by ``vscalefps``; the bf16 forward, whose
+  probabilities are rounded to bf16 right after, takes a degree-4 polynomial
+  (:data:`_EXP2_POLY_BF16`, relative error below 2.7e-6; 1.6% faster, A/B across processes);
 * moving rows: tiles are transposed 16 x 16 in vector registers
   (:func:`_transpose16`, 6x faster than a scalar loop), rows are copied with
   ``memcpy`` (:func:`_copy`; numba's slice assignment of a 256-byte row is about
