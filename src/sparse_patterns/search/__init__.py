@@ -314,7 +314,7 @@ def _run(client: Any, todo: list[dict[str, Any]], cache: Any, measured: tuple[st
     def task_key(rec: dict[str, Any]) -> tuple[str, str]:
         key = recipe_key(rec, __version__)
         k = attempts[key] = attempts.get(key, 0) + 1
-        # one task group ("search": dask's key_split stops at an 8-letter hex word, the run)
+        # one task group ("search": dask's key_split stops at the run, 8 hex characters)
         # for every family, so that the scheduler queues them all and starts them in priority
         # order; a group of at most 2 x the cluster's threads tasks (a family's, when the
         # family led the key) is not queued: it went to the workers at once, ahead of longer ones

@@ -218,8 +218,9 @@ def run_candidate(recipe: Mapping[str, Any], version: str, measure: Iterable[str
     return row
 
 
-def run_packed(recipe: Mapping[str, Any], version: str, measure: Iterable[str] = ("verify", "flops"),
-               *, repeats: int = 3, seed: int = 0) -> str:
+def run_packed(recipe: Mapping[str, Any], version: str,
+               measure: Iterable[str] = ("verify", "flops"), *, repeats: int = 3,
+               seed: int = 0) -> str:
     """:func:`run_candidate`'s row as one JSON text: what a search's task returns.
 
     A row is about 50 fields of plain values; as a dict, a dask worker measures and

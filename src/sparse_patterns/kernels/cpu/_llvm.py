@@ -38,8 +38,8 @@ from numba.extending import intrinsic
 
 __all__ = [
     "_FM", "_LOG2E", "_AVX512", "_AVX512_BF16", "_EXP2_POLY", "_EXP2_POLY_BF16", "_wide",
-    "_copy", "_copy_nt", "_zero", "_pair_rows", "_bits_to_f32", "_exp2f", "_transpose16", "_splat", "_BFloat",
-    "_bf16_dot", "_mac", "_bf16_ok", "_emit_exp2", "_pack_bf16", "_cat_bf16",
+    "_copy", "_copy_nt", "_zero", "_pair_rows", "_bits_to_f32", "_exp2f", "_transpose16",
+    "_splat", "_BFloat", "_bf16_dot", "_mac", "_bf16_ok", "_emit_exp2", "_pack_bf16", "_cat_bf16",
 ]
 
 _LOG2E = 1.4426950408889634
@@ -300,7 +300,8 @@ def _bf16_ok(context, array_type) -> bool:
 def _emit_exp2(builder, x, poly=_EXP2_POLY):
     """IR for :func:`_exp2f` on a vector of 16 float32 ``x``: the same operations, so
     the same bits (``poly``: the polynomial in the fraction, highest power first;
-    :data:`_EXP2_POLY_BF16` gives other bits, for probabilities rounded to bf16). On AVX-512, ``vscalefps`` applies ``2**n`` (one instruction for
+    :data:`_EXP2_POLY_BF16` gives other bits, for probabilities rounded to bf16). On
+    AVX-512, ``vscalefps`` applies ``2**n`` (one instruction for
     the four of the bit construction, the same single rounding) and propagates NaN
     itself. The clamp stays at -126: an exponent that underflows (2**-150 for a
     masked score) costs a microcode assist per vector, which made the strided
