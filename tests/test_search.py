@@ -254,6 +254,56 @@ def test_interrupted_search_resumes_and_recomputes_nothing(cluster, counter, tmp
     assert len(counter.seen) == 1
 
 
+def test_finished_rows_are_fetched_together(cluster, monkeypatch):
+    import sparse_patterns.search as mod
+
+    gathers = []
+    real = mod._results
+
+    def counted(client, batch):
+        gathers.append(len(batch))
+        return real(client, batch)
+
+    monkeypatch.setattr(mod, "_results", counted)
+    monkeypatch.setattr(mod, "_FETCH_EVERY", 60.0)  # one fetch at the first row, one at the end
+    res = search("fixed", GRID, [512, 1024], client=cluster[0])
+    assert len(res) == 12 and res.frame["ok"].all() and res.computed == 12
+    assert sum(gathers) == 12 and len(gathers) <= 2
+    gathers.clear()
+    monkeypatch.setattr(mod, "_FETCH_EVERY", 0.0)  # each as soon as it finishes
+    search("fixed", GRID, [512, 1024], client=cluster[0])
+    assert sum(gathers) == 12 and len(gathers) >= 2
+    _settle(cluster)
+
+
+def test_ctrl_c_while_rows_wait_saves_them(cluster, tmp_path, monkeypatch):
+    import sparse_patterns.search as mod
+
+    real = mod._wait
+
+    def interrupted(ac, timeout):
+        if ac.is_empty() or ac.has_ready() or not mod._FETCH_EVERY:
+            return real(ac, timeout)
+        while ac.count() > 0 and not ac.has_ready():  # let every task finish, then Ctrl-C
+            real(ac, 0.1)
+        deadline = time.monotonic() + 30
+        while ac.count() > len(ac.queue.queue) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mod, "_wait", interrupted)
+    monkeypatch.setattr(mod, "_FETCH_EVERY", 60.0)
+    path = tmp_path / "r.jsonl"
+    with pytest.raises(SearchInterrupted) as info:
+        search("fixed", GRID, [512, 1024], client=cluster[0], cache=path)
+    assert info.value.saved == 12  # the rows held on the workers were fetched and saved
+    del info
+    store = open_cache(path, sps.__version__)
+    assert len(store.rows) == 12
+    store.close()
+    _settle(cluster)
+
+
 def test_cache_of_another_version_or_corrupted_is_kept(cluster, tmp_path):
     old = tmp_path / "r.jsonl"
     old.write_text('{"format": "sparse-patterns search cache", "schema": 1, "version": "0.0.1"}\n')
