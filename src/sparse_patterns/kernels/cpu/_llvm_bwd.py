@@ -13,7 +13,10 @@ element (no BLAS call):
   (``K^T``, ``V^T``: ``d x 32``), then, in registers,
   ``P = 2**(S alpha - lse)`` (the exponential of :func:`._llvm._emit_exp2`, base-2
   units as the forward's) and ``dS = scale P (dP - delta)``, 0 where the tile's mask
-  is unset: ``P`` and ``dS`` stored as ``m x 32`` rows;
+  is unset: ``P`` and ``dS`` stored as ``m x 32`` rows. On bf16 inputs
+  (:func:`_dscores32_bf16`) ``P`` and ``dS`` are rounded to bf16 when stored, and the
+  exponential is the forward's bf16 one (:data:`._llvm._EXP2_POLY_BF16`, relative
+  error at most 2.7e-6): 2% faster (A/B, n = 16,384, strided and fixed);
 * :func:`_dkv32`: ``dV += P^T dO`` or ``dK += dS^T Q`` for 4 keys at a time, each
   over only the rows of each tile that see one of them (partial tiles);
 * :func:`_dq32`: ``dQ += dS K`` for 4 queries at a time, over only the keys they see,
@@ -35,7 +38,16 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from ._llvm import _AVX512_BF16, _cat_bf16, _emit_exp2, _mac, _pack_bf16, _splat
+from ._llvm import (
+    _AVX512_BF16,
+    _EXP2_POLY,
+    _EXP2_POLY_BF16,
+    _cat_bf16,
+    _emit_exp2,
+    _mac,
+    _pack_bf16,
+    _splat,
+)
 
 __all__ = ["_dscores32", "_dkv32", "_dq32", "_tile_ranges", "_GROUP", "_dscores32_bf16",
            "_dkv32_bf16", "_dq32_bf16", "_exp_rows32"]
@@ -231,7 +243,8 @@ def _dscores_codegen(bf16: bool):
                 word = builder.load(builder.gep(bp, [r]))
                 for h in range(2):
                     x = builder.call(fma, [builder.load(acc[0][u][h]), av, builder.fneg(shift)])
-                    p = _emit_exp2(builder, x)
+                    # bf16: P is rounded to 2**-8 right after, the cheaper polynomial
+                    p = _emit_exp2(builder, x, _EXP2_POLY_BF16 if bf16 else _EXP2_POLY)
                     keep = builder.bitcast(builder.trunc(builder.lshr(word, ir.Constant(word.type, 16 * h)),
                                                          ir.IntType(16)), ir.VectorType(ir.IntType(1), 16))
                     ds = builder.fmul(builder.fmul(p, dsv), builder.fsub(builder.load(acc[1][u][h]), delta))
