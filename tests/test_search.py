@@ -276,6 +276,14 @@ def test_finished_rows_are_fetched_together(cluster, monkeypatch):
     _settle(cluster)
 
 
+def test_wait_polls_where_as_completed_has_no_condition():
+    import sparse_patterns.search as mod
+
+    t = time.monotonic()
+    mod._wait(object(), 5.0)  # another distributed's as_completed: a short sleep, no error
+    assert time.monotonic() - t < 1.0
+
+
 def test_ctrl_c_while_rows_wait_saves_them(cluster, tmp_path, monkeypatch):
     import sparse_patterns.search as mod
 

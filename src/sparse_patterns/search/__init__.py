@@ -400,7 +400,10 @@ def _run(client: Any, todo: list[dict[str, Any]], cache: Any, measured: tuple[st
 def _wait(ac: Any, timeout: float) -> None:
     """Wait until a future of ``ac`` (an ``as_completed``) finishes, at most ``timeout``
     seconds."""
-    cond = ac.thread_condition  # notified by as_completed each time a future finishes
+    cond = getattr(ac, "thread_condition", None)  # notified each time a future finishes
+    if cond is None:  # not in this version of distributed: poll
+        time.sleep(min(max(0.0, timeout), 0.01))
+        return
     with cond:
         if not ac.has_ready():
             cond.wait(timeout=max(0.0, timeout))
