@@ -108,6 +108,41 @@ def test_fused_float32_on_the_plans_pieces(mode, name, n, params, d):
     assert_close(got, want, np.float32)
 
 
+@pytest.mark.parametrize("qrange", [1, 3])
+@pytest.mark.parametrize("name, n, params", [
+    ("fixed", 1000, {"stride": 128, "c": 16}),  # long columns, split across query ranges
+    ("strided", 600, {"stride": 9}),  # residue piece (work items: not split) and band
+    ("local", 500, {"window": 70}),
+])
+def test_key_blocks_take_the_query_blocks_a_range_at_a_time(monkeypatch, qrange, name, n,
+                                                            params):
+    """With ``_QRANGE`` query blocks a pass (1: each tile of a column in a pass of its
+    own; 3: columns cut at every third block), dk and dv add up the passes' partial
+    sums and dq rows are set on first use as before."""
+    from sparse_patterns.kernels.cpu import _backward
+
+    monkeypatch.setattr(_backward, "_QRANGE", qrange)
+    pat = sps.make(name, n, **params)
+    for mode in ("multihead", "merged"):
+        got, want = run(pat, mode, np.float32, B=2, H=3, d=32)
+        assert_close(got, want, np.float32)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pat=random_patterns(max_n=140, densities=(0.05, 0.3, 1.0), single_key=0.3),
+       mode=st.sampled_from(["multihead", "merged"]), qrange=st.integers(1, 3))
+def test_query_ranges_on_random_patterns(pat, mode, qrange):
+    from sparse_patterns.kernels.cpu import _backward
+
+    saved = _backward._QRANGE
+    _backward._QRANGE = qrange
+    try:
+        got, want = run(pat, mode, np.float32, H=2, d=16)
+    finally:
+        _backward._QRANGE = saved
+    assert_close(got, want, np.float32)
+
+
 @pytest.mark.parametrize("blocks", [1, 4])
 def test_residue_piece_in_small_work_items_or_gathered(monkeypatch, blocks):
     """With work items of at most ``blocks`` blocks the residue piece runs in one item

@@ -32,6 +32,12 @@ Two implementations of a key block share that frame:
   ``dk``, ``dv`` writes 1-2%. Software prefetch of the next rows cost more than it
   saved; chunks of 1, 2 or 4 tiles, and ``delta`` at first use, were slower (3 tiles
   against 2: fixed 3% faster, strided the same, one process alternating the two).
+  Over a head's whole order the key blocks take the query blocks 128 at a time
+  (``_QRANGE``: 1 MB of each of q, dO and dq rows at d = 64), all key blocks for the
+  first 128, then for the next: a long column (fixed's summary keys, read by every
+  later row) otherwise streams the head's 12 MB of rows once per key block, more than
+  2 threads' share of the cache. Fixed backward, one process, one plan, alternated
+  call by call: median 230 against 252 ms (bf16 145 against 173), strided the same.
 * bf16 inputs where :func:`._bf16.bf16_applies` (:func:`backward_bf16`): the fused
   path on bf16 products, the ``_bf16`` passes of :mod:`._llvm_bwd` (``P`` and ``dS``
   rounded to bf16 between them, ``q`` and ``dO`` also interleaved by pairs of rows);
@@ -77,13 +83,17 @@ from ._schedule import _CHUNK, _backward_items, _block_steps
 __all__ = ["backward", "backward_bf16"]
 
 _CHUNK32 = 3  # tiles per chunk of the fused float32 path (P and dS, 24 KB, in L1)
+#: Query blocks per pass of the key blocks over a head's rows (fused path, pieces without
+#: work items): 128 blocks of 32 rows are 1 MB of each of q, dO and dq at d = 64.
+_QRANGE = 128
 
 
 @numba.njit(cache=True, fastmath=_FM)
 def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase, kp, n, p, J,
               scale, col_ptr, col_tile, tile_row, tile_mask, masks, ranges, chunk, kc, qc, doc,
               dqc, lc, dc, mbits, pbuf, sbuf, dkacc, dvacc, roff, rowsrc, rng, qnew,
-              knew, bf, dw, qpr, dopr, qcp, docp, skeys, roffd):  # pragma: no cover - compiled
+              knew, bf, dw, qpr, dopr, qcp, docp, skeys, roffd, ilo,
+              ihi):  # pragma: no cover - compiled
     """Key block ``J`` of piece ``p`` for float32, 32-token tiles and ``d`` a multiple of
     16 (of 32 for bf16): the register-blocked passes of :mod:`._llvm_bwd` on chunks of ``chunk`` tiles.
 
@@ -110,7 +120,8 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
     interleaved by pairs of rows (``qcp``, ``docp``: of gathered rows); the products are
     ``vdpbf16ps`` (:func:`._llvm_bwd._dscores32_bf16` and the ``_bf16`` passes), ``P``
     and ``dS`` rounded to bf16 between them, ``dS`` by keys in ``skeys``; the
-    gradients float32. ``roff`` then counts words, ``roffd`` the float32 ``dq`` rows."""
+    gradients float32. ``roff`` then counts words, ``roffd`` the float32 ``dq`` rows.
+    Only the tiles of query blocks ``ilo <= I < ihi`` are taken."""
     _wide()
     d = dq.shape[1]
     qf, dof, dqf = q2.reshape(q2.size), do2.reshape(do2.size), dq.reshape(dq.size)
@@ -118,6 +129,12 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
     nb = (n + 31) // 32
     u0 = col_ptr[p * nb + J]
     u1 = col_ptr[p * nb + J + 1]
+    while u0 < u1 and tile_row[col_tile[u0]] < ilo:  # only the tiles of query blocks
+        u0 += 1  # ilo <= I < ihi (a column's tiles are by query block)
+    e = u0
+    while e < u1 and tile_row[col_tile[e]] < ihi:
+        e += 1
+    u1 = e
     if u0 == u1:
         return
     full = ranges.shape[0] - 1
@@ -336,7 +353,7 @@ def _stats32(l1, base, i0, i1, l2, ok):  # pragma: no cover - compiled
 def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group, qperm, kperm,
               col_ptr, col_tile, tile_row, tile_mask, masks, block, chunk, precise, fused,
               ranges, qstart, qstep, item_ptr, items, item_order, item_rows,
-              T, bf, qpr, dopr):  # pragma: no cover - compiled
+              T, bf, qpr, dopr, qrange):  # pragma: no cover - compiled
     """Every (batch, head) in parallel. A piece with work items (``items[item_ptr[p]:
     item_ptr[p + 1]]``, ranges of its blocks that its tiles do not leave, see
     :func:`_backward_items`) has each item's q, dO, k, v rows (``fused``: q and dO
@@ -347,7 +364,9 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
     the others read (``fused``) or gather (:func:`_kblock`) the query rows of each
     chunk of tiles. ``T``: numba's thread count (one set of item buffers each).
     ``bf``: bf16 inputs as in :func:`_kblock32` (``q2, k2, v2, o2, do2``: words; ``qpr``,
-    ``dopr``: ``q`` and ``dO`` by pairs of rows; an item pairs its copies of them)."""
+    ``dopr``: ``q`` and ``dO`` by pairs of rows; an item pairs its copies of them).
+    ``qrange``: the fused path, over a piece's whole order, runs every key block on
+    query blocks ``[r0, r0 + qrange)`` before the next ``r0`` (0: all at once)."""
     _wide()
     d = dq.shape[1]
     dw = d // 2 if bf else d
@@ -459,20 +478,30 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                     wqp, wdop = ib[3 % A], ib[4 % A]
                     if not fused:
                         wk, wv, wdk, wdv, wkperm = lk, lv, ldk, ldv, ident
-                for J in range(J0, J1):
-                    if fused:
-                        _kblock32(wq, wdo, wdq, wbase, wqperm[wpp], wstep[wpp], wl2, wdl, wok,
-                                  k2, v2, dk, dv, base, kperm[p], n, p, J, scale, col_ptr,
-                                  col_tile, tile_row, tile_mask, masks, ranges, chunk, kc, qc,
-                                  doc, dqc, lc, dc, mbits, sbuf, dpbuf, dkacc, dvacc, roff,
-                                  rowsrc, rng, wqnew, knew, bf, dw, wqp, wdop, qcp, docp, skeys,
-                                  roffd)
-                    else:
-                        _kblock(wq, wk, wv, wdo, wl1, wdl, wdq, wdk, wdv, wbase, n, p, wpp, J,
-                                scale, wqperm, wkperm, col_ptr, col_tile, tile_row, tile_mask,
-                                masks, block, chunk, precise, kc, vc, qc, doc, lc, mbits, dc,
-                                sbuf, dpbuf, dkacc, dvacc, dqc, rowsrc, wstart, wstep, wqf,
-                                wdof, wdqf)
+                # fused, over the head's whole order: the key blocks take the query blocks
+                # ``qrange`` at a time, so that those rows of q, dO and dq stay in the cache
+                # from one key block to the next (a long column, fixed's summaries, reads
+                # every later row; the head's rows outgrow the cache that 2 threads share)
+                nr = qrange if fused and nit == 0 and qrange > 0 else nb
+                for r0 in range(0, nb, nr):
+                    for J in range(J0, J1):
+                        if fused:
+                            c0, c1 = col_ptr[p * nb + J], col_ptr[p * nb + J + 1]
+                            if c0 == c1 or (nr < nb and (tile_row[col_tile[c1 - 1]] < r0 or
+                                                         tile_row[col_tile[c0]] >= r0 + nr)):
+                                continue  # no tile of this key block in these query blocks
+                            _kblock32(wq, wdo, wdq, wbase, wqperm[wpp], wstep[wpp], wl2, wdl,
+                                      wok, k2, v2, dk, dv, base, kperm[p], n, p, J, scale,
+                                      col_ptr, col_tile, tile_row, tile_mask, masks, ranges,
+                                      chunk, kc, qc, doc, dqc, lc, dc, mbits, sbuf, dpbuf, dkacc,
+                                      dvacc, roff, rowsrc, rng, wqnew, knew, bf, dw, wqp, wdop,
+                                      qcp, docp, skeys, roffd, r0, r0 + nr)
+                        else:
+                            _kblock(wq, wk, wv, wdo, wl1, wdl, wdq, wdk, wdv, wbase, n, p, wpp,
+                                    J, scale, wqperm, wkperm, col_ptr, col_tile, tile_row,
+                                    tile_mask, masks, block, chunk, precise, kc, vc, qc, doc, lc,
+                                    mbits, dc, sbuf, dpbuf, dkacc, dvacc, dqc, rowsrc, wstart,
+                                    wstep, wqf, wdof, wdqf)
                 if nit == 0:
                     continue
                 for a in range(1 if fused else 3):  # the gradients added to their rows
@@ -536,7 +565,7 @@ def backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np
                   _CHUNK32 if fused else int(chunk), q.dtype == np.float64, fused, ranges,
                   *plan.memo("cpu.qsteps", lambda: _block_steps(plan.qperm, plan.block)),
                   *plan.memo("cpu.backward_items", lambda: _backward_items(plan)),
-                  numba.get_num_threads(), False, _flat(q), _flat(do))
+                  numba.get_num_threads(), False, _flat(q), _flat(do), _QRANGE)
     return dq, dk, dv
 
 
@@ -586,5 +615,5 @@ def backward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, ls
                   plan.tile_mask, plan.masks, plan.block, _CHUNK32, False, True, ranges,
                   *plan.memo("cpu.qsteps", lambda: _block_steps(plan.qperm, plan.block)),
                   *plan.memo("cpu.backward_items", lambda: _backward_items(plan)),
-                  numba.get_num_threads(), True, *pairs)
+                  numba.get_num_threads(), True, *pairs, _QRANGE)
     return dq, dk, dv
