@@ -15,11 +15,11 @@ underneath, with ``pareto()``, ``table()``, ``to_dict()`` and ``plot()``).
 Nothing is lost: with ``cache=PATH`` every row is written as its task finishes
 (Parquet or JSON lines, keyed by the candidate's recipe and the package
 version; the rows that finish within 0.2 s of one another are fetched in one
-go, and Ctrl-C fetches those finished before it), and a search run again after Ctrl-C, a killed worker or a lost
-scheduler computes only what the file does not hold. A candidate that fails
-(an invalid parameter combination, out of memory) is a row with its error;
-the search goes on. Tasks lost with a worker (``client.restart()``, a killed
-process) are submitted again.
+go, and Ctrl-C fetches those finished before it), and a search run again
+after Ctrl-C, a killed worker or a lost scheduler computes only what the file
+does not hold. A candidate that fails (an invalid parameter combination, out
+of memory) is a row with its error; the search goes on. Tasks lost with a
+worker (``client.restart()``, a killed process) are submitted again.
 
 This subpackage imports dask, distributed and pandas (the ``search`` extra);
 ``import sparse_patterns`` does not. The subpackage is callable:
