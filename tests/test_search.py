@@ -270,9 +270,9 @@ def test_finished_rows_are_fetched_together(cluster, monkeypatch):
     assert len(res) == 12 and res.frame["ok"].all() and res.computed == 12
     assert sum(gathers) == 12 and len(gathers) <= 2
     gathers.clear()
-    monkeypatch.setattr(mod, "_FETCH_EVERY", 0.0)  # each as soon as it finishes
-    search("fixed", GRID, [512, 1024], client=cluster[0])
-    assert sum(gathers) == 12 and len(gathers) >= 2
+    monkeypatch.setattr(mod, "_FETCH_EVERY", 0.0)  # each batch as soon as it finishes
+    assert len(search("fixed", GRID, [512, 1024], client=cluster[0])) == 12
+    assert sum(gathers) == 12
     _settle(cluster)
 
 
