@@ -178,6 +178,30 @@ def test_bf16_products_against_the_oracle(name, params, mode, monkeypatch):
 
 
 @needs_bf16_products
+@needs_bf16_products
+@pytest.mark.parametrize(("name", "params", "mode"), [
+    ("fixed", {"stride": 128, "c": 16}, "merged"), ("strided", {"stride": 32}, "multihead")])
+def test_bf16_backward_in_query_ranges(name, params, mode, monkeypatch):
+    """The bf16 backward with the key blocks taking 3 query blocks at a time (``_QRANGE``;
+    the default's 128 cover these n at once): the gradients against the float32 backward
+    within the bound of the test above."""
+    from sparse_patterns.kernels.cpu import _backward
+
+    monkeypatch.setenv("SPARSE_PATTERNS_BF16", "products")
+    n = 1024
+    pat = sps.make(name, n, **params)
+    g = torch.Generator().manual_seed(3)
+    q, k, v, do = (torch.randn(1, 2, n, 64, generator=g).to(torch.bfloat16) for _ in range(4))
+    out, lse = attention(q, k, v, pat, mode=mode, return_lse=True)
+    widened = attention_backward(*(t.float() for t in (q, k, v, out)), lse, do.float(), pat,
+                                 mode=mode)
+    monkeypatch.setattr(_backward, "_QRANGE", 3)
+    grads = attention_backward(q, k, v, out, lse, do, pat, mode=mode)
+    for got, want in zip(grads, widened, strict=True):
+        err = (got.double() - want.double()).abs()
+        assert (err <= 2.0**-8 * want.abs() + 2.0**-7 * want.abs().max()).all()
+
+
 def test_bf16_exponentials_within_their_stated_error():
     """The bf16 forward's exponential pass (a degree-4 polynomial): each probability within
     its bf16 rounding (2**-8) plus 3e-6 of 2**(s - max) in float64, stored as pairs of
