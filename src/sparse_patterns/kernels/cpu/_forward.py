@@ -20,9 +20,9 @@ put first), the used key blocks are put in the piece's order once per call inste
 Two consecutive pieces of a group with the same query order that copy nothing (fixed's
 blocks and its summary keys) run block by block in one pass (:func:`_forward_pair`),
 so that a block's state passes from one to the other in the cache; pieces that neither
-pair nor reorder (strided's residue classes, then its window) run head by head where a
-head's rows fit half the last-level cache, so that the state and rows that one leaves are
-read by the next from that cache.
+pair nor reorder (strided's residue classes, then its window) run over every head at
+once, a work item's state stored with non-temporal stores (head by head, where a head's
+rows fit ``_CHUNK_BYTES``, is slower on this project's machines; off by default).
 Nothing of size ``n x n`` is ever allocated.
 
 The fused 32-token tile passes are :mod:`._llvm_fwd`'s, the softmax loops of other
@@ -76,13 +76,15 @@ from ._softmax import _exp_rows, _mask_tile_t, _softmax_cols
 __all__ = ["forward", "forward_bf16"]
 
 # q, k, v and output bytes of the heads that the pieces of a softmax group run over
-# before the next heads (see _forward): about half of a 32 MB last-level cache. The
-# strided forward at n = 16,384 (B=1, H=8, d=64; one head per run): float32 26.1-26.8
-# instead of 28.3-29.1 ms, bf16 products 19.9-22.2 instead of 21.3-22.6 ms (5 runs of
-# 6 interleaved rounds each, AMD Zen 5); 8 MB no better. Where one head's rows exceed it
-# (n = 65,536: 64 MB) the state goes to memory either way, and head by head without
-# non-temporal stores was 3% slower (interleaved processes): every head runs at once
-_CHUNK_BYTES = 16 << 20
+# before the next heads (see _forward); 0: every head at once. Head by head (16 MB, half
+# a 32 MB last-level cache) made the strided forward faster before a whole-heads call
+# stored a work item's state with non-temporal stores. Since then, every head at once is
+# faster on the AMD Zen 5 (one process, alternated, 12 rounds, 2026-11-26): strided at
+# n = 16,384 (B=1, H=8, d=64) float32 30.6 against 31.3 ms (one head a run), bf16
+# products 23.9 against 26.2 ms; n = 8,192 (2 heads a run) 13.7 against 14.1 and 11.0
+# against 11.2; n = 4,096 (4 heads) 5.73 against 5.86 and 4.92 against 4.83. The
+# head-by-head path stays (the tests run it) for a cache it suits.
+_CHUNK_BYTES = 0
 
 
 @numba.njit(cache=True, fastmath=_FM)
@@ -474,8 +476,9 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
     maskt = plan.memo("cpu.masks_t", lambda: _masks_t(plan)) if fused else _NO_MASKS
     grows = plan.memo("cpu.group_rows", lambda: _group_rows(maskt)) if fused else _NO_ROWS
     steps = plan.memo(("cpu.forward", seg), lambda: _forward_steps(plan, seg))
-    # a group of several pieces, none reordered (strided: its residue classes, then the
-    # window): all of them on a few heads (``hc``), then on the next ones, so that the
+    # with _CHUNK_BYTES > 0 (0, the default: every head at once), a group of several
+    # pieces, none reordered (strided: its residue classes, then the window): all of
+    # them on a few heads (``hc``), then on the next ones, so that the
     # state one piece leaves in ``o1`` and the rows of q, k, v that the next one reads
     # again come from the last-level cache, not memory; the state is then stored
     # normally, not with non-temporal stores (which send it to memory)
