@@ -22,7 +22,7 @@ blocks and its summary keys) run block by block in one pass (:func:`_forward_pai
 so that a block's state passes from one to the other in the cache; pieces that neither
 pair nor reorder (strided's residue classes, then its window) run over every head at
 once, a work item's state stored with non-temporal stores (head by head, where a head's
-rows fit ``_CHUNK_BYTES``, is slower on this project's machines; off by default).
+rows fit ``_CHUNK_BYTES``, was the slower order when last measured; off by default).
 Nothing of size ``n x n`` is ever allocated.
 
 The fused 32-token tile passes are :mod:`._llvm_fwd`'s, the softmax loops of other
@@ -77,13 +77,16 @@ __all__ = ["forward", "forward_bf16"]
 
 # q, k, v and output bytes of the heads that the pieces of a softmax group run over
 # before the next heads (see _forward); 0: every head at once. Head by head (16 MB, half
-# a 32 MB last-level cache) made the strided forward faster before a whole-heads call
-# stored a work item's state with non-temporal stores. Since then, every head at once is
-# faster on the AMD Zen 5 (one process, alternated, 12 rounds, 2026-11-26): strided at
-# n = 16,384 (B=1, H=8, d=64) float32 30.6 against 31.3 ms (one head a run), bf16
-# products 23.9 against 26.2 ms; n = 8,192 (2 heads a run) 13.7 against 14.1 and 11.0
-# against 11.2; n = 4,096 (4 heads) 5.73 against 5.86 and 4.92 against 4.83. The
-# head-by-head path stays (the tests run it) for a cache it suits.
+# a 32 MB last-level cache) measured faster for the strided forward on 2026-11-26 at
+# 14:19 (interleaved processes); measured again at 20:35 the same day, on the same AMD
+# Zen 5, every head at once is faster: strided at n = 16,384 (B=1, H=8, d=64), 4
+# interleaved process pairs of 8 calls, float32 median 28.3-30.5 against 29.4-31.0 ms,
+# bf16 products 20.3-21.2 against 22.7-25.0 ms; one process, alternated, 12 rounds,
+# 30.6 against 31.3 and 23.9 against 26.2 ms; n = 8,192 (2 heads a run) 13.7 against
+# 14.1 and 11.0 against 11.2; n = 4,096 (4 heads) 5.73 against 5.86 and 4.92 against
+# 4.83. Why the two measurements differ is not known (head by head counts on 16 MB
+# of a last-level cache that this virtual machine shares). The head-by-head path stays
+# (the tests run it) for a cache it suits.
 _CHUNK_BYTES = 0
 
 
