@@ -30,9 +30,7 @@ subpackage as soon as anything imports it, so the module itself must search).
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
-import numbers
 import os
 import re
 import sys
@@ -46,6 +44,7 @@ from .. import __version__
 from .._modes import MODES
 from .._validate import MAX_N, check_bool, check_choice, check_int
 from ._cache import open_cache
+from ._grid import MAX_CANDIDATES, _families, _grid, _ints, _recipes
 from ._result import SearchResult
 from ._tasks import MEASURES, normalize_measures, recipe_key, run_packed, unpack_row
 
@@ -59,8 +58,6 @@ WORKER_ENV = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_TH
 #: gather. A fetch costs the client and the workers 1-2 ms of CPU; one a row was 8% of a grid
 #: of 48 candidates of 17 ms each on 2 cores. A row waits at most this long on its worker.
 _FETCH_EVERY = 0.2
-#: Largest grid :func:`search` accepts (families x values x ns x blocks).
-MAX_CANDIDATES = 100_000
 #: The scheduler of a local cluster: no dashboard, its HTTP endpoint (health checks) on a
 #: free port of 127.0.0.1, never on 8787.
 _NO_DASHBOARD = {"dashboard": False, "dashboard_address": "127.0.0.1:0"}
@@ -75,141 +72,6 @@ class SearchInterrupted(KeyboardInterrupt):
                  if cache else f"{saved} of {total} candidates were done; no cache was given")
         super().__init__(f"search interrupted: {where}")
         self.saved, self.total, self.cache = saved, total, cache
-
-
-# ----------------------------------------------------------------------------- the grid
-def _families(families: Any) -> list[str]:
-    from ..patterns import registry  # noqa: PLC0415
-
-    names = [families] if isinstance(families, str) else families
-    if not isinstance(names, Iterable):
-        raise TypeError(f"families: expected a family name or a sequence of them, got "
-                        f"{type(families).__name__}")
-    names = list(dict.fromkeys(names))
-    if not names:
-        raise ValueError(f"families: name at least one ({', '.join(sorted(registry.REGISTRY))})")
-    for name in names:
-        registry.get(name)  # ValueError listing the known names
-    return names
-
-
-def _values(key: str, value: Any) -> list[Any]:
-    if isinstance(value, (str, bytes, int, float, bool)) or value is None:
-        return [value]
-    if isinstance(value, Mapping) or not isinstance(value, Iterable):
-        raise TypeError(f"grid: {key}: expected a value or a list of values, got "
-                        f"{type(value).__name__}")
-    out = list(value)
-    if not out:
-        raise ValueError(f"grid: {key}: has no values")
-    return out
-
-
-def _check_value(fam: str, param: Any, value: Any, n: int) -> None:
-    """``TypeError`` for a value of the wrong type, ``ValueError`` for unreadable text."""
-    kind = {int: "an integer", bool: "True or False", str: "a string"}[param.type]
-    extra = " or 'sqrt'/'cbrt'" if param.follows_n else ""
-    if value is None and param.default is None:
-        return
-    if isinstance(value, str):
-        try:
-            param.convert(value, n)
-        except ValueError as exc:
-            raise ValueError(f"grid: {exc} (family {fam})") from None
-        return
-    good = {int: isinstance(value, int) and not isinstance(value, bool),
-            bool: isinstance(value, bool), str: False}[param.type]
-    if not good:
-        raise TypeError(f"grid: {param.name}: must be {kind}{extra} for {fam}, got {value!r:.40} "
-                        f"({type(value).__name__})")
-
-
-def _grid(families: list[str], grid: Any, ns: list[int]
-          ) -> tuple[dict[str, list[Any]], dict[str, dict[str, list[Any]]]]:
-    """The grid's axes as given, and per family the values of its parameters that fit it.
-
-    A name applies to every family that takes it, with the values of that
-    parameter's type (``window=4`` goes to ``local``, ``window="reference"`` to
-    ``strided``); a value that fits none of them is an error.
-    """
-    from ..patterns import registry  # noqa: PLC0415
-
-    if grid is None:
-        return {}, {f: {} for f in families}
-    if not isinstance(grid, Mapping):
-        raise TypeError(f"grid: expected a mapping of parameter name to values, got "
-                        f"{type(grid).__name__}")
-    taken = {f: {p.name: p for p in registry.get(f).params} for f in families}
-    axes: dict[str, list[Any]] = {}
-    per: dict[str, dict[str, list[Any]]] = {f: {} for f in families}
-    for key, value in grid.items():
-        if not isinstance(key, str):
-            raise TypeError(f"grid: parameter names must be strings, got {key!r:.40}")
-        users = [f for f in families if key in taken[f]]
-        if not users:
-            takes = sorted({k for f in families for k in taken[f]})
-            raise ValueError(f"grid: {key!r} is a parameter of none of {', '.join(families)}; "
-                             f"they take: {', '.join(takes) or 'no parameters'}")
-        axes[key] = _values(key, value)
-        for v in axes[key]:
-            errors: list[Exception] = []
-            for fam in users:
-                try:
-                    _check_value(fam, taken[fam][key], v, ns[0])
-                except (TypeError, ValueError) as exc:
-                    errors.append(exc)
-                else:
-                    per[fam].setdefault(key, []).append(v)
-            if len(errors) == len(users):
-                raise errors[0]
-    return axes, per
-
-
-def _ints(name: str, value: Any, lo: int, hi: int) -> list[int]:
-    vals = ([value] if isinstance(value, (numbers.Integral, str)) or not isinstance(value, Iterable)
-            else list(value))
-    if not vals:
-        raise ValueError(f"{name}: give at least one integer [{lo}, {hi}]")
-    for v in vals:
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-            raise TypeError(f"{name}: must be an integer [{lo}, {hi}], got {v!r:.40} "
-                            f"({type(v).__name__})")
-    return list(dict.fromkeys(check_int(name, v, lo, hi) for v in vals))
-
-
-def _recipes(families: list[str], per: dict[str, dict[str, list[Any]]], ns: list[int],
-             blocks: list[int], fixed: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every candidate's recipe in grid order (families, ns, blocks, values), duplicates dropped."""
-    from ..patterns import registry  # noqa: PLC0415
-
-    out: dict[str, dict[str, Any]] = {}
-    for fam in families:
-        axes = per[fam]
-        names = list(axes)
-        order = [p.name for p in registry.get(fam).params]
-        count = len(out) + len(ns) * len(blocks) * _product_size(axes, names)
-        if count > MAX_CANDIDATES:
-            raise ValueError(f"grid: {count:,}+ candidates, more than the {MAX_CANDIDATES:,} a "
-                             "search takes; split the grid")
-        for n in ns:
-            for block in blocks:
-                for combo in itertools.product(*(axes[k] for k in names)):
-                    given = {k: v for k, v in zip(names, combo, strict=True) if v is not None}
-                    try:
-                        params = registry.resolve(fam, n, given)  # None: the default
-                    except ValueError as exc:
-                        raise ValueError(f"grid: {exc} (family {fam})") from None
-                    params = {name: params[name] for name in order}  # the family's order
-                    rec = {"family": fam, "params": params, "n": n, "block": block, **fixed}
-                    out.setdefault(recipe_key(rec, __version__), rec)
-    return list(out.values())
-
-
-def _product_size(axes: Mapping[str, list[Any]], names: Sequence[str]) -> int:
-    size = 1
-    for k in names:
-        size *= len(axes[k])
-    return size
 
 
 # ----------------------------------------------------------------------------- the cluster
