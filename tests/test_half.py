@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import sparse_patterns as sps  # noqa: E402
-from sparse_patterns.kernels import attention, attention_backward  # noqa: E402
+from sparse_patterns.kernels import attention, attention_backward, plan  # noqa: E402
 from sparse_patterns.kernels.cpu import _llvm, bf16_applies, fma_peak  # noqa: E402
 from sparse_patterns.kernels.cpu._convert import narrow, widen  # noqa: E402
 from sparse_patterns.torch import SparseAttention  # noqa: E402
@@ -254,6 +254,24 @@ def test_bf16_products_head_by_head_equal_all_heads_at_once(monkeypatch):
     for a, b in zip(whole, heads, strict=True):
         assert torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a,
                            b.view(torch.int16) if b.dtype == torch.bfloat16 else b)
+
+
+@needs_bf16_products
+def test_bf16_products_prefetch_changes_nothing(monkeypatch):
+    """With bf16 products the blocks used in place prefetch the next block's rows (the
+    values from their pairs' array): bit for bit the output and log-sum-exp without."""
+    from sparse_patterns.kernels.cpu import _forward as fw
+
+    monkeypatch.setenv("SPARSE_PATTERNS_BF16", "products")
+    pat = sps.make("strided", 1024, stride=40)
+    assert bf16_applies(plan(pat, mode="merged", block=32), 64)
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 1024, 64, generator=g).to(torch.bfloat16) for _ in range(3))
+    on = attention(q, k, v, pat, mode="merged", return_lse=True)
+    monkeypatch.setattr(fw, "_PREFETCH", False)
+    off = attention(q, k, v, pat, mode="merged", return_lse=True)
+    assert torch.equal(on[0].view(torch.int16), off[0].view(torch.int16))
+    assert torch.equal(on[1], off[1])
 
 
 @pytest.mark.parametrize("kind", ["torch bfloat16", "numpy float16"])

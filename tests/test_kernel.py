@@ -426,6 +426,26 @@ def test_pieces_run_head_by_head_match_the_oracle(heads_per_run, dtype, mode, mo
         assert calls == [(0, B * H, True)] * 2
 
 
+@pytest.mark.parametrize("mode", ["merged", "multihead"])
+@pytest.mark.parametrize("name, n, params", [
+    ("strided", 1000, {"stride": 40}),  # the last block 8 rows, its keys a partial tile
+    ("local", 1024, {"window": 96}),  # the last block's next: none
+    ("fixed", 999, {"stride": 64, "c": 8}),  # pieces run in pairs
+])
+def test_prefetch_changes_nothing(name, n, params, mode, monkeypatch):
+    """The blocks used in place ask for the next block's rows (``_PREFETCH``), a hint:
+    the outputs match the oracle, and are bit for bit those without it, on the fused
+    32-token float32 path, a partial last block included."""
+    from sparse_patterns.kernels.cpu import _forward as fw
+
+    pat = sps.make(name, n, **params)
+    on = check(pat, mode, np.float32, H=2, d=64, block=32, B=1)
+    monkeypatch.setattr(fw, "_PREFETCH", False)
+    off = check(pat, mode, np.float32, H=2, d=64, block=32, B=1)
+    for a, b in zip(on, off, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("dense", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("d", [16, 48, 64, 80, 128])

@@ -38,7 +38,7 @@ from numba.extending import intrinsic
 
 __all__ = [
     "_FM", "_LOG2E", "_AVX512", "_AVX512_BF16", "_EXP2_POLY", "_EXP2_POLY_BF16", "_wide",
-    "_copy", "_copy_nt", "_zero", "_pair_rows", "_bits_to_f32", "_exp2f", "_transpose16",
+    "_copy", "_copy_nt", "_zero", "_prefetch", "_pair_rows", "_bits_to_f32", "_exp2f", "_transpose16",
     "_splat", "_BFloat", "_bf16_dot", "_mac", "_bf16_ok", "_emit_exp2", "_pack_bf16", "_cat_bf16",
 ]
 
@@ -120,6 +120,30 @@ def _zero(typingctx, dst, doff, count):  # pragma: no cover - compiled
         return context.get_dummy_value()
     return types.none(dst, doff, count), codegen
 
+
+
+@intrinsic
+def _prefetch(typingctx, arr, off, count):  # pragma: no cover - compiled
+    """Ask for the cache lines of ``arr[off: off + count]`` (one ``prefetcht1`` a 64-byte
+    line, into L2): a hint, nothing is read or changed."""
+    def codegen(context, builder, signature, args):
+        arr_, off_, count_ = args
+        aty = signature.args[0]
+        size = context.get_abi_sizeof(context.get_value_type(aty.dtype))
+        ap = builder.gep(context.make_array(aty)(context, builder, arr_).data, [off_])
+        i8p = ir.IntType(8).as_pointer()
+        pf = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p] + [ir.IntType(32)] * 3),
+            "llvm.prefetch.p0")
+        base = builder.bitcast(ap, i8p)
+        nbytes = builder.mul(count_, ir.Constant(count_.type, size))
+        lines = builder.sdiv(builder.add(nbytes, ir.Constant(count_.type, 63)),
+                             ir.Constant(count_.type, 64))
+        with cgutils.for_range(builder, lines) as loop:
+            at = builder.gep(base, [builder.mul(loop.index, ir.Constant(count_.type, 64))])
+            builder.call(pf, [at, ir.IntType(32)(0), ir.IntType(32)(2), ir.IntType(32)(1)])
+        return context.get_dummy_value()
+    return types.none(arr, off, count), codegen
 
 
 @intrinsic
