@@ -90,12 +90,17 @@ __all__ = ["forward", "forward_bf16"]
 # (the tests run it) for a cache it suits.
 _CHUNK_BYTES = 0
 
-# a query block used in place (fused 32-token tiles, rows consecutive) prefetches the next
-# block's query rows, state and newest keys and values into L2 over its own passes
-# (prefetcht1, a few hundred lines spread over three points of the block): the strided
-# forward at n = 16,384 (B=1, H=8, d=64, merged; AMD Zen 5, one process, one plan, the
-# setting alternated, 6-8 rounds) float32 2.1-2.6% faster, bf16 products 5.6-6.7%; fixed
-# unchanged (0.996, 1.003); outputs bit for bit the same. False: off, for A/B runs.
+# software prefetch (prefetcht1, into L2), a hint that changes no result; False: off, for
+# A/B runs. Measured on the strided forward at n = 16,384 (B=1, H=8, d=64, merged; AMD
+# Zen 5; one process, one plan, the setting alternated, 6-8 rounds):
+# - a query block used in place (fused 32-token tiles, rows consecutive: the window)
+#   asks for the next block's query rows, state and newest keys and values, at three
+#   points of its own passes: float32 2.1-2.6% faster, bf16 products 5.6-6.7%; fixed
+#   unchanged (0.996x, 1.003x);
+# - a work item of a copied piece (the residue classes) asks for the next item's rows
+#   of q, k and v, a share before each of its query blocks: bf16 products a further
+#   8.2-8.8% faster (1.058-1.108x), float32 unchanged (0.996x-1.006x; asked for over
+#   only the item's last 1, 2 or 4 blocks instead: also unchanged, and bf16 less).
 _PREFETCH = True
 
 
@@ -430,7 +435,26 @@ def _forward_piece(q1, k1, v1, vi1, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scal
                     _copy(ol, (y - y0) * d, o1, i * d, d)
                     ml[y - y0] = m1[i]
                     ll[y - y0] = l1[i]
+            # with ``pf``, the next work item's rows of q, k and v, asked for into L2 a
+            # share at a time over this one's query blocks (see _PREFETCH)
+            w2 = w + 1
+            pf_on = pf and w2 < (bh1 - bh0) * nseg
+            it2 = w2 % nseg
+            base2 = (bh0 + w2 // nseg) * n
             for I in range(I0, I1):
+                if pf_on:
+                    nbk = I1 - I0
+                    u = I - I0
+                    ka0, ka1 = kptr[it2], kptr[it2 + 1]
+                    lo_, hi_ = ka0 + (ka1 - ka0) * u // nbk, ka0 + (ka1 - ka0) * (u + 1) // nbk
+                    for t in range(lo_, hi_):
+                        src = (base2 + kperm_used[korder[t]]) * dw
+                        _prefetch(k1, src, dw)
+                        _prefetch(v1, src, dw)
+                    qa0, qa1 = qptr[it2], qptr[it2 + 1]
+                    lo_, hi_ = qa0 + (qa1 - qa0) * u // nbk, qa0 + (qa1 - qa0) * (u + 1) // nbk
+                    for t in range(lo_, hi_):
+                        _prefetch(q1, (base2 + qp[qorder[t]]) * dw, dw)
                 _qblock(ql, kl, vl, vl, ol, ml, ll, -y0, -x0, n, d, dw, bf, p, I, scale, first, last,
                         local, local, lstart, lstep, tile_ptr, tile_col, tile_mask, masks,
                         maskt, grows, fused, False,
