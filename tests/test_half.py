@@ -274,6 +274,24 @@ def test_bf16_products_prefetch_changes_nothing(monkeypatch):
     assert torch.equal(on[1], off[1])
 
 
+@needs_bf16_products
+def test_bf16_backward_prefetch_changes_nothing(monkeypatch):
+    """The bf16 backward asks for the next key block's rows and their pairs: bit for bit
+    the gradients without."""
+    from sparse_patterns.kernels.cpu import _backward as bw
+
+    monkeypatch.setenv("SPARSE_PATTERNS_BF16", "products")
+    pat = sps.make("strided", 1024, stride=40)
+    g = torch.Generator().manual_seed(5)
+    q, k, v, do = (torch.randn(1, 2, 1024, 64, generator=g).to(torch.bfloat16) for _ in range(4))
+    o, lse = attention(q, k, v, pat, mode="merged", return_lse=True)
+    on = attention_backward(q, k, v, o, lse, do, pat, mode="merged")
+    monkeypatch.setattr(bw, "_PREFETCH", False)
+    off = attention_backward(q, k, v, o, lse, do, pat, mode="merged")
+    for a, b in zip(on, off, strict=True):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("kind", ["torch bfloat16", "numpy float16"])
 def test_half_outputs_in_recycled_arrays_stay_the_callers(kind):
     """Outputs of 1 MiB and more come from the kernel's recycled arrays: one still held is

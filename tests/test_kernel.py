@@ -583,6 +583,30 @@ def test_backward_matches_dense_reference(mode, dtype, name, n, params, block):
         np.testing.assert_allclose(g, w, **TOL[dtype])
 
 
+@pytest.mark.parametrize("name, n, params", [
+    ("strided", 1000, {"stride": 40}),  # the last key block partial; residue work items
+    ("fixed", 999, {"stride": 64, "c": 8}),  # long columns, in ranges of query blocks
+])
+def test_backward_prefetch_changes_nothing(name, n, params, monkeypatch):
+    """The fused backward asks for the next key block's rows (``_PREFETCH``), a hint:
+    the gradients match the dense reference, and are bit for bit those without it."""
+    from sparse_patterns.kernels.cpu import _backward as bw
+
+    pat = sps.make(name, n, **params)
+    q, k, v = qkv((1, 2, n, 64), np.float32)
+    do = qkv((1, 2, n, 64), np.float32, seed=1)[0]
+    out, lse = attention(q, k, v, pat, mode="merged", return_lse=True, block=32)
+    on = attention_backward(q, k, v, out, lse, do, pat, mode="merged", block=32)
+    want = reference_backward(q, k, v, out, lse, do, pat, plan(pat, mode="merged", block=32),
+                              scale=1 / np.sqrt(64))
+    for g, w in zip(on, want, strict=True):
+        np.testing.assert_allclose(g, w, **TOL[np.float32])
+    monkeypatch.setattr(bw, "_PREFETCH", False)
+    off = attention_backward(q, k, v, out, lse, do, pat, mode="merged", block=32)
+    for a, b in zip(on, off, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("n, stride, block", [(600, 9, 4), (3000, 37, 32), (200, 16, 32)])
 def test_backward_items_are_closed_under_the_tiles(n, stride, block):
     """The backward's work items of a residue piece: disjoint block ranges that every

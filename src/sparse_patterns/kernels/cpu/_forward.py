@@ -61,7 +61,7 @@ from ._llvm_fwd import (
     _scores32,
     _scores32_bf16,
 )
-from ._pool import _aligned, _buffer
+from ._pool import _aligned, _buffer, _thread_buffers, _views
 from ._rows import _permute_residue, _permute_rows, _permute_rows_paired, paired
 from ._schedule import (
     _CHUNK,
@@ -335,29 +335,6 @@ def _qblock(q1, k1, v1, vi1, o1, m1, l1, base, kbase, n, d, dw, bf, p, I, scale,
             _copy(o1, i * d, obuf, r * d, d)
             m1[i] = mrow[r]
             l1[i] = lrow[r]
-
-
-@numba.njit(cache=True)
-def _thread_buffers(T, block, chunk, d, like):  # pragma: no cover - compiled
-    """The buffers of :func:`_qblock` for each of ``T`` threads, allocated once per
-    call (not per work item), on cache lines: queries and output rows, keys and values
-    of a chunk, its scores, six row vectors and the row offsets."""
-    wq = _aligned(T * 2 * block * d, like).reshape((T, 2, block * d))
-    wkv = _aligned(T * 2 * chunk * block * d, like).reshape((T, 2, chunk * block * d))
-    ws = _aligned(T * block * chunk * block, like).reshape((T, block * chunk * block))
-    wr = _aligned(T * 6 * block, like).reshape((T, 6, block))
-    wi = np.empty((T, block), np.int64)
-    return wq, wkv, ws, wr, wi
-
-
-@numba.njit(cache=True, inline="always")
-def _views(bufs, tid):  # pragma: no cover - compiled
-    """Thread ``tid``'s buffers from :func:`_thread_buffers`, in :func:`_qblock`'s
-    argument order: ``qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha,
-    roff``."""
-    wq, wkv, ws, wr, wi = bufs
-    return (wq[tid, 0], wkv[tid, 0], wkv[tid, 1], ws[tid], wq[tid, 1], wr[tid, 0], wr[tid, 1],
-            wr[tid, 2], wr[tid, 3], wr[tid, 4], wr[tid, 5], wi[tid])
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)

@@ -1,4 +1,5 @@
-"""Arrays of the CPU kernel: work buffers on cache lines (:func:`_aligned`) and a
+"""Arrays of the CPU kernel: work buffers on cache lines (:func:`_aligned`; the
+forward's per-thread set, :func:`_thread_buffers`) and a
 per-thread pool that recycles the forward's output and the backward's gradients once
 nothing references them (:func:`_buffer`, emptied by :func:`release_workspace`).
 
@@ -19,7 +20,7 @@ import threading
 import numba
 import numpy as np
 
-__all__ = ["release_workspace", "_aligned", "_buffer"]
+__all__ = ["release_workspace", "_aligned", "_buffer", "_thread_buffers", "_views"]
 
 
 @numba.njit(cache=True)
@@ -32,6 +33,29 @@ def _aligned(size, like):  # pragma: no cover - compiled
     raw = np.empty(size + per, like.dtype)
     off = (-(raw.ctypes.data // like.itemsize)) % per
     return raw[off: off + size]
+
+
+@numba.njit(cache=True)
+def _thread_buffers(T, block, chunk, d, like):  # pragma: no cover - compiled
+    """The buffers of :func:`._forward._qblock` for each of ``T`` threads, allocated once per
+    call (not per work item), on cache lines: queries and output rows, keys and values
+    of a chunk, its scores, six row vectors and the row offsets."""
+    wq = _aligned(T * 2 * block * d, like).reshape((T, 2, block * d))
+    wkv = _aligned(T * 2 * chunk * block * d, like).reshape((T, 2, chunk * block * d))
+    ws = _aligned(T * block * chunk * block, like).reshape((T, block * chunk * block))
+    wr = _aligned(T * 6 * block, like).reshape((T, 6, block))
+    wi = np.empty((T, block), np.int64)
+    return wq, wkv, ws, wr, wi
+
+
+@numba.njit(cache=True, inline="always")
+def _views(bufs, tid):  # pragma: no cover - compiled
+    """Thread ``tid``'s buffers from :func:`_thread_buffers`, in :func:`._forward._qblock`'s
+    argument order: ``qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha,
+    roff``."""
+    wq, wkv, ws, wr, wi = bufs
+    return (wq[tid, 0], wkv[tid, 0], wkv[tid, 1], ws[tid], wq[tid, 1], wr[tid, 0], wr[tid, 1],
+            wr[tid, 2], wr[tid, 3], wr[tid, 4], wr[tid, 5], wi[tid])
 
 
 

@@ -1,7 +1,9 @@
-"""Whole-array row moves of the CPU kernel, in parallel: rows put in a piece's order
+"""Whole-array row passes of the CPU kernel: rows put in a piece's order
 (:func:`_permute_rows`, :func:`_permute_residue`) for a piece whose key blocks are
 reordered once per call, and bf16 rows interleaved by pairs (:func:`_permute_rows_paired`,
-:func:`paired`) for the bf16 products of :mod:`._llvm_fwd` and :mod:`._llvm_bwd`.
+:func:`paired`) for the bf16 products of :mod:`._llvm_fwd` and :mod:`._llvm_bwd`, in
+parallel; the backward's row sums ``delta`` of one head (:func:`_delta_rows`,
+:func:`_delta_rows_bf16`).
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ import numba
 import numpy as np
 from numba import prange
 
-from ._llvm import _copy, _pair_rows, _wide
+from ._llvm import _FM, _bits_to_f32, _copy, _pair_rows, _wide
 from ._pool import _buffer
 
-__all__ = ["_permute_rows", "_permute_rows_paired", "_permute_residue", "paired"]
+__all__ = ["_permute_rows", "_permute_rows_paired", "_permute_residue", "paired", "_delta_rows",
+           "_delta_rows_bf16"]
 
 
 @numba.njit(parallel=True, cache=True)
@@ -92,3 +95,56 @@ def paired(x1: np.ndarray, BH: int, n: int, dw: int) -> np.ndarray:
     _permute_rows_paired(x1.reshape(-1), np.arange(n, dtype=np.int64).reshape(1, n), 0, BH, n,
                          dw, out.reshape(-1))
     return out
+
+
+@numba.njit(cache=True, fastmath=_FM)
+def _delta_rows(do2, o2, base, n, out, precise):  # pragma: no cover - compiled
+    """``out[i] = sum_c do2[base + i, c] o2[base + i, c]`` (``delta``), ``i < n``: float32
+    rows of a multiple of 16 summed in 16 lanes (a float reduction is not vectorized
+    without reassociation), others in float64 term by term."""
+    _wide()
+    d = do2.shape[1]
+    if precise or d % 16 != 0:
+        for i in range(n):
+            acc = 0.0
+            for c in range(d):
+                acc += do2[base + i, c] * o2[base + i, c]
+            out[i] = acc
+        return
+    lanes = np.empty(16, np.float32)
+    for i in range(n):
+        a, b = do2[base + i], o2[base + i]  # row views: vectorized
+        for e in range(16):
+            lanes[e] = a[e] * b[e]
+        for c0 in range(16, d, 16):
+            for e in range(16):
+                lanes[e] += a[c0 + e] * b[c0 + e]
+        acc = np.float32(0.0)
+        for e in range(16):
+            acc += lanes[e]
+        out[i] = acc
+
+
+@numba.njit(cache=True, fastmath=_FM)
+def _delta_rows_bf16(do2, o2, base, n, dw, out):  # pragma: no cover - compiled
+    """:func:`_delta_rows` of bf16 rows (``dw`` float32 words of two bf16 each, a
+    multiple of 16), widened in registers, summed in float32 over 16 lanes."""
+    _wide()
+    du = do2.reshape(do2.size).view(np.uint32)
+    ou = o2.reshape(o2.size).view(np.uint32)
+    high = np.uint32(0xFFFF0000)
+    lanes = np.empty(16, np.float32)
+    for i in range(n):
+        r = (base + i) * dw
+        a, b = du[r: r + dw], ou[r: r + dw]  # row views: vectorized
+        for e in range(16):
+            lanes[e] = 0.0
+        for c0 in range(0, dw, 16):
+            for e in range(16):
+                x, y = a[c0 + e], b[c0 + e]
+                lanes[e] += (_bits_to_f32(x << np.uint32(16)) * _bits_to_f32(y << np.uint32(16))
+                             + _bits_to_f32(x & high) * _bits_to_f32(y & high))
+        acc = np.float32(0.0)
+        for e in range(16):
+            acc += lanes[e]
+        out[i] = acc
