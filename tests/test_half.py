@@ -292,6 +292,24 @@ def test_bf16_backward_prefetch_changes_nothing(monkeypatch):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("n, d", [(1, 32), (63, 64), (64, 32), (130, 128)])
+def test_delta_rows_bf16_against_float64(n, d):
+    """The backward's ``delta`` of bf16 rows (64 rows widened at a time: a partial last
+    chunk, a single row, d of one and of several 16-lane steps) is the float64 row sum
+    of the widened products, within float32 summation error, for rows from an offset."""
+    from sparse_patterns.kernels.cpu._rows import _delta_rows_bf16
+
+    rng = np.random.default_rng(n)
+    words = [(rng.standard_normal((n + 3, d), np.float32).view(np.uint32) >> 16).astype(np.uint16)
+             for _ in range(2)]
+    out = np.full(n, np.nan, np.float32)
+    _delta_rows_bf16(*(w.view(np.float32) for w in words), 3, n, d // 2, out)
+    wide = [(w.astype(np.uint32) << 16).view(np.float32).astype(np.float64) for w in words]
+    want = (wide[0] * wide[1]).sum(axis=1)[3:]
+    scale = (np.abs(wide[0]) * np.abs(wide[1])).sum(axis=1)[3:]
+    assert (np.abs(out - want) <= 1e-6 * scale).all()
+
+
 @pytest.mark.parametrize("kind", ["torch bfloat16", "numpy float16"])
 def test_half_outputs_in_recycled_arrays_stay_the_callers(kind):
     """Outputs of 1 MiB and more come from the kernel's recycled arrays: one still held is
