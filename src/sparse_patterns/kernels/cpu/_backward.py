@@ -29,8 +29,11 @@ Two implementations of a key block share that frame:
   The passes run at about 1.85 (``S``, ``dP``: 1.7 with the exponentials) of the
   core's 2 FMA per cycle on data in L1; skipping 16-key halves that no row of a
   4-row group sees saves 3% (strided), rows set on first use 2%, non-temporal first
-  ``dk``, ``dv`` writes 1-2%. Software prefetch of the next rows cost more than it
-  saved; chunks of 1, 2 or 4 tiles, and ``delta`` at first use, were slower (3 tiles
+  ``dk``, ``dv`` writes 1-2%; software prefetch of the next key block's rows, asked
+  for at two points of the current one (:data:`_PREFETCH`), 3% (strided; an earlier
+  prefetch of the next rows, all at once, cost more than it saved; the next work
+  item's q and dO rows, a share per key block, nothing). Chunks of 1, 2 or 4 tiles,
+  and ``delta`` at first use, were slower (3 tiles
   against 2: fixed 3% faster, strided the same, one process alternating the two).
   Over a head's whole order the key blocks take the query blocks 128 at a time
   (``_QRANGE``: 1 MB of each of q, dO and dq rows at d = 64), all key blocks for the

@@ -23,7 +23,8 @@ so that a block's state passes from one to the other in the cache; pieces that n
 pair nor reorder (strided's residue classes, then its window) run over every head at
 once, a work item's state stored with non-temporal stores (head by head, where a head's
 rows fit ``_CHUNK_BYTES``, was the slower order when last measured; off by default).
-Nothing of size ``n x n`` is ever allocated.
+While a block or work item computes, it asks for the next one's rows (software
+prefetch, ``_PREFETCH``). Nothing of size ``n x n`` is ever allocated.
 
 The fused 32-token tile passes are :mod:`._llvm_fwd`'s, the softmax loops of other
 tiles :mod:`._softmax`'s, whole-array row moves :mod:`._rows`'s, the matrix products
