@@ -189,6 +189,8 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
         nI = tile_row[col_tile[col_ptr[p * nb + J + 2] - 1]]
         if nI < ilo or nI >= ihi or qstep[nI] != 1 or (nI + 1) * 32 > n:
             nI = -1  # not in this range of query blocks, or gathered
+        elif not 0 <= base + qp[nI * 32] <= q2.shape[0] - 32:
+            nI = -1  # past a work item's rows (its buffers hold only those)
     for a0 in range(u0, u1, chunk):
         a1 = min(u1, a0 + chunk)
         nt = a1 - a0
