@@ -20,7 +20,9 @@ What they buy, on a CPU without SVML (each measured, A/B in one process):
   ``memcpy`` (:func:`_copy`; numba's slice assignment of a 256-byte row is about
   15x slower), bf16 rows are interleaved by pairs in vector shuffles
   (:func:`_pair_rows`), and the hot loops ask LLVM for 512-bit vectors
-  (:func:`_wide`), which its tuning for AVX-512 CPUs otherwise avoids.
+  (:func:`_wide`), which its tuning for AVX-512 CPUs otherwise avoids;
+* the next rows asked for while the current ones compute (:func:`_prefetch`, into L2):
+  the strided forward 3% (float32) and 14% (bf16) faster, its backward 1.5-3%.
 
 An intrinsic's IR is generated into each function that calls it, and numba's cache
 of a function is invalidated only by a change to its own file: after editing this
@@ -38,8 +40,9 @@ from numba.extending import intrinsic
 
 __all__ = [
     "_FM", "_LOG2E", "_AVX512", "_AVX512_BF16", "_EXP2_POLY", "_EXP2_POLY_BF16", "_wide",
-    "_copy", "_copy_nt", "_zero", "_prefetch", "_pair_rows", "_bits_to_f32", "_exp2f", "_transpose16",
-    "_splat", "_BFloat", "_bf16_dot", "_mac", "_bf16_ok", "_emit_exp2", "_pack_bf16", "_cat_bf16",
+    "_copy", "_copy_nt", "_zero", "_prefetch", "_pair_rows", "_bits_to_f32", "_exp2f",
+    "_transpose16", "_splat", "_BFloat", "_bf16_dot", "_mac", "_bf16_ok", "_emit_exp2",
+    "_pack_bf16", "_cat_bf16",
 ]
 
 _LOG2E = 1.4426950408889634
