@@ -5,8 +5,9 @@ parameters, and every candidate's recipe in grid order (:func:`_recipes`), bound
 from __future__ import annotations
 
 import itertools
+import math
 import numbers
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .. import __version__
@@ -129,7 +130,7 @@ def _recipes(families: list[str], per: dict[str, dict[str, list[Any]]], ns: list
         axes = per[fam]
         names = list(axes)
         order = [p.name for p in registry.get(fam).params]
-        count = len(out) + len(ns) * len(blocks) * _product_size(axes, names)
+        count = len(out) + len(ns) * len(blocks) * math.prod(len(axes[k]) for k in names)
         if count > MAX_CANDIDATES:
             raise ValueError(f"grid: {count:,}+ candidates, more than the {MAX_CANDIDATES:,} a "
                              "search takes; split the grid")
@@ -145,10 +146,3 @@ def _recipes(families: list[str], per: dict[str, dict[str, list[Any]]], ns: list
                     rec = {"family": fam, "params": params, "n": n, "block": block, **fixed}
                     out.setdefault(recipe_key(rec, __version__), rec)
     return list(out.values())
-
-
-def _product_size(axes: Mapping[str, list[Any]], names: Sequence[str]) -> int:
-    size = 1
-    for k in names:
-        size *= len(axes[k])
-    return size

@@ -182,10 +182,11 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
     # pairs) after this block's first chunk (see _PREFETCH)
     nI = -1
     if pf and J + 1 < nb and col_ptr[p * nb + J + 2] > col_ptr[p * nb + J + 1]:
+        kf, vf = k2.reshape(k2.size), v2.reshape(v2.size)
         for x in range(min(32, n - (J + 1) * 32)):
             src = (kbase + kp[(J + 1) * 32 + x]) * dw
-            _prefetch(k2.reshape(k2.size), src, dw)
-            _prefetch(v2.reshape(v2.size), src, dw)
+            _prefetch(kf, src, dw)
+            _prefetch(vf, src, dw)
         nI = tile_row[col_tile[col_ptr[p * nb + J + 2] - 1]]
         if nI < ilo or nI >= ihi or qstep[nI] != 1 or (nI + 1) * 32 > n:
             nI = -1  # not in this range of query blocks, or gathered
@@ -264,13 +265,6 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
                 _dkv32_bf16(pbuf if w == 0 else sbuf, dopa if w == 0 else qpa, roff,
                             dvacc if w == 0 else dkacc, nt, rng, d)
             _dq32_bf16(skeys, kv, dqa, roffd, nt, rng, d)
-            if nI >= 0 and a0 == u0:
-                s0 = base + qp[nI * 32]
-                _prefetch(qf, s0 * dw, 32 * dw)
-                _prefetch(dof, s0 * dw, 32 * dw)
-                _prefetch(qpf, s0 * dw, 32 * dw)
-                _prefetch(dopf, s0 * dw, 32 * dw)
-                _prefetch(dqf, s0 * d, 32 * d)
         else:
             _dscores32(qa, doa, roff, kt, vt, nt * 32, d, alpha, lc, dc, mbits,
                        np.float32(scale), pbuf, sbuf)
@@ -278,11 +272,14 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
                 _dkv32(pbuf if w == 0 else sbuf, doa if w == 0 else qa, roff,
                        dvacc if w == 0 else dkacc, nt, rng, d)
             _dq32(sbuf, kv, dqa, roffd, nt, rng, d)
-            if nI >= 0 and a0 == u0:
-                s0 = base + qp[nI * 32]
-                _prefetch(qf, s0 * d, 32 * d)
-                _prefetch(dof, s0 * d, 32 * d)
-                _prefetch(dqf, s0 * d, 32 * d)
+        if nI >= 0 and a0 == u0:  # the next key block's last query rows (``dw = d`` for floats)
+            s0 = base + qp[nI * 32]
+            _prefetch(qf, s0 * dw, 32 * dw)
+            _prefetch(dof, s0 * dw, 32 * dw)
+            if bf:
+                _prefetch(qpf, s0 * dw, 32 * dw)
+                _prefetch(dopf, s0 * dw, 32 * dw)
+            _prefetch(dqf, s0 * d, 32 * d)
         if gather:
             for a in range(a0, a1):
                 x0 = (a - a0) * 32
