@@ -448,6 +448,8 @@ def test_result_views(cluster):
         (("fixed", {}, 64), {"cache": "r.csv"}, ValueError, "cache: unknown format"),
         (("fixed", {}, 64), {"client": "not an address"}, ValueError, "client: not a scheduler"),
         (("fixed", {}, 64), {"client": 42}, TypeError, "client: expected None"),
+        (("fixed", {"stride": list(range(1, 400)), "c": list(range(1, 300))}, 16384), {},
+         ValueError, r"grid: 119,301\+ candidates, more than the 100,000 a search takes"),
     ],
 )
 def test_bad_input(tmp_path, args, kwargs, exc, message):
