@@ -292,6 +292,42 @@ def test_bf16_backward_prefetch_changes_nothing(monkeypatch):
         assert torch.equal(a, b)
 
 
+@needs_bf16_products
+@pytest.mark.parametrize(("B", "H", "name", "params", "mode"), [
+    (1, 1, "strided", {"stride": 40}, "merged"),  # one head: fewer heads than threads
+    (2, 3, "strided", {"stride": 40}, "multihead"),  # heads share the threads' rows
+    (1, 4, "fixed", {"stride": 64, "c": 8}, "multihead"),  # keys no tile reaches (A2)
+])
+def test_bf16_backward_words_equal_narrowed_float32_gradients(B, H, name, params, mode,
+                                                              monkeypatch):
+    """``backward_bf16(words=True)`` (what ``attention_backward`` on bf16 tensors takes)
+    accumulates each head's gradients in float32 rows its thread reuses and rounds them
+    when the head is done: bit for bit :func:`narrow` of the float32 gradients of the
+    whole call, every head, rows no tile reaches included (zero)."""
+    from sparse_patterns.kernels.cpu import backward_bf16
+    from sparse_patterns.kernels.cpu._convert import narrow
+
+    monkeypatch.setenv("SPARSE_PATTERNS_BF16", "products")
+    n = 1024
+    pat = sps.make(name, n, **params)
+    pl = plan(pat, mode=mode, block=32)
+    assert bf16_applies(pl, 64)
+    g = torch.Generator().manual_seed(6)
+    q, k, v, do = (torch.randn(B, H, n, 64, generator=g).to(torch.bfloat16) for _ in range(4))
+    o, lse = attention(q, k, v, pl, mode=mode, return_lse=True)
+    w = [t.contiguous().view(torch.int16).numpy() for t in (q, k, v, o)]
+    args = (*w, lse.numpy(), do.view(torch.int16).numpy(), pl)
+    wide = backward_bf16(*args, scale=0.125)
+    words = backward_bf16(*args, scale=0.125, words=True)
+    via_torch = attention_backward(q, k, v, o, lse, do, pl, mode=mode)
+    for a, b, t in zip(wide, words, via_torch, strict=True):
+        assert a.dtype == np.float32 and b.dtype == np.uint16 and b.shape == (B, H, n, 64)
+        np.testing.assert_array_equal(narrow(a, "bfloat16"), b)
+        np.testing.assert_array_equal(t.view(torch.int16).numpy().view(np.uint16), b)
+    if name == "fixed":  # the summary head's other keys: dk rows of zeros
+        assert (words[1] == 0).all(axis=-1).any()
+
+
 @pytest.mark.parametrize("n, d", [(1, 32), (63, 64), (64, 32), (130, 128)])
 def test_delta_rows_bf16_against_float64(n, d):
     """The backward's ``delta`` of bf16 rows (64 rows widened at a time: a partial last

@@ -92,12 +92,11 @@ def _numba_backward(q, k, v, o, lse, do, pattern, *, mode="multihead", scale=Non
                    widen_half=False)
     s = check_scale(scale, x.shape[3])
     if x.dtype_name == "bfloat16" and cpu.bf16_applies(pl, x.shape[3]):  # bf16 products
-        w = x.words
-        grads = cpu.backward_bf16(w["q"], w["k"], w["v"], w["o"], x.np["lse"], w["do"], pl,
-                                  scale=s)
-    else:
-        a = x.widen()
-        grads = cpu.backward(a["q"], a["k"], a["v"], a["o"], a["lse"], a["do"], pl, scale=s)
+        w = x.words  # the gradients come back as bf16 words, narrowed head by head
+        return tuple(x.out_words(g) for g in cpu.backward_bf16(
+            w["q"], w["k"], w["v"], w["o"], x.np["lse"], w["do"], pl, scale=s, words=True))
+    a = x.widen()
+    grads = cpu.backward(a["q"], a["k"], a["v"], a["o"], a["lse"], a["do"], pl, scale=s)
     return tuple(x.out(g) for g in grads)
 
 

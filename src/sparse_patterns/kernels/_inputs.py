@@ -188,14 +188,17 @@ class HostArrays:
         if half:
             # narrowed into a recycled array: a new 16 MiB tensor's first touch cost 2-35 ms
             # of page faults (bf16 strided forward, n = 16,384: 51-85 ms -> see the commit)
-            words = narrow(a, self.dtype_name, out=_buffer(a.shape, np.uint16))
-            if self.torch is None:
-                return words.view(np.float16)
-            return self.torch.from_numpy(words.view(np.int16)).view(self.torch_dtype)
+            return self.out_words(narrow(a, self.dtype_name, out=_buffer(a.shape, np.uint16)))
         if self.torch is None:
             return a if lse else a.astype(self.dtype_name, copy=False)
         t = self.torch.from_numpy(a)
         return t if lse else t.to(self.torch_dtype)
+
+    def out_words(self, words: np.ndarray) -> Any:
+        """16-bit words of the input dtype (``uint16``) as the caller's kind, not copied."""
+        if self.torch is None:
+            return words.view(np.float16)
+        return self.torch.from_numpy(words.view(np.int16)).view(self.torch_dtype)
 
 
 def _host_kind(a: Any) -> str:
