@@ -81,7 +81,7 @@ from ._llvm_bwd import (
     _tile_ranges,
 )
 from ._pool import _aligned, _buffer
-from ._rows import _delta_rows, _delta_rows_bf16, paired
+from ._rows import _delta_rows, _delta_rows_bf16
 from ._schedule import _CHUNK, _backward_items, _block_steps
 
 __all__ = ["backward", "backward_bf16"]
@@ -346,7 +346,8 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
     the others read (``fused``) or gather (:func:`_kblock`) the query rows of each
     chunk of tiles. ``T``: numba's thread count (one set of item buffers each).
     ``bf``: bf16 inputs as in :func:`_kblock32` (``q2, k2, v2, o2, do2``: words; ``qpr``,
-    ``dopr``: ``q`` and ``dO`` by pairs of rows; an item pairs its copies of them).
+    ``dopr``: ``T`` heads' rows, one for each thread, where a head's ``q`` and ``dO``
+    are put by pairs of rows when it starts; an item pairs its copies of them).
     ``qrange``: the fused path, over a piece's whole order, runs every key block on
     query blocks ``[r0, r0 + qrange)`` before the next ``r0`` (0: all at once). ``pf``:
     as in :func:`_kblock32`. ``dq16``, ``dk16``, ``dv16`` (bf16 inputs; empty: not
@@ -373,10 +374,20 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
         # the head's rows, from row 0 of each array (its gradients: the thread's rows
         # when they are narrowed afterwards)
         h0 = bh * n
-        g0 = numba.get_thread_id() * n if narrow else h0
+        t0 = numba.get_thread_id() * n  # the thread's rows of its scratch arrays
+        g0 = t0 if narrow else h0
         hq, hk, hv, ho, hdo = (q2[h0:h0 + n], k2[h0:h0 + n], v2[h0:h0 + n], o2[h0:h0 + n],
                                do2[h0:h0 + n])
-        hqp, hdop, hl1 = qpr[h0:h0 + n], dopr[h0:h0 + n], l1[h0:h0 + n]
+        hl1 = l1[h0:h0 + n]
+        if bf:  # q and dO by pairs of rows, into the thread's rows (used while in the cache)
+            hqp, hdop = qpr[t0:t0 + n], dopr[t0:t0 + n]
+            qpf, dopf, hqf, hdof = (hqp.reshape(hqp.size), hdop.reshape(hdop.size),
+                                    hq.reshape(hq.size), hdo.reshape(hdo.size))
+            for x in range(0, n, 2):
+                _pair_rows(qpf, x * dw, hqf, x * dw, (x + 1) * dw, dw)
+                _pair_rows(dopf, x * dw, hdof, x * dw, (x + 1) * dw, dw)
+        else:
+            hqp, hdop = qpr[h0:h0 + n], dopr[h0:h0 + n]
         hdq, hdk, hdv = dq[g0:g0 + n], dk[g0:g0 + n], dv[g0:g0 + n]
         qf, dof, dqf = hq.reshape(hq.size), hdo.reshape(hdo.size), hdq.reshape(hdq.size)
         dkf, dvf = hdk.reshape(hdk.size), hdv.reshape(hdv.size)
@@ -616,12 +627,12 @@ def backward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, ls
     _check_products(plan, n, d)
     w = [np.ascontiguousarray(a).reshape(-1).view(np.float32).reshape(B * H * n, d // 2)
          for a in (q, k, v, o, do)]
-    # q and dO by pairs of rows (dV += P^T dO, dK += dS^T Q)
-    pairs = [paired(a, B * H, n, d // 2) for a in (w[0], w[4])]
     col_ptr, col_tile = plan.column_index()
     ranges = plan.memo("cpu.tile_ranges", lambda: _tile_ranges(plan.masks))
     with single_threaded_blas(), _threads_for(2.5 * plan.flops(B, H, d)[1]):
         T = numba.get_num_threads()
+        # each thread's rows of q and dO by pairs of rows (dV += P^T dO, dK += dS^T Q)
+        pairs = [_buffer((T * n, d // 2), np.float32) for _ in range(2)]
         rows = T * n if words else B * H * n  # float32 gradient rows: the threads' or all
         dq, dk, dv = (_buffer((rows, d), np.float32) for _ in range(3))
         out = [_buffer((B * H * n, d), np.uint16) if words else _NO_WORDS for _ in range(3)]
