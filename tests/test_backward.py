@@ -163,6 +163,32 @@ def test_residue_piece_in_small_work_items_or_gathered(monkeypatch, blocks):
             assert_close(got, want, dtype)
 
 
+@pytest.mark.parametrize(("name", "params", "mode"), [
+    ("strided", {"stride": 10}, "merged"), ("strided", {"stride": 10}, "multihead"),
+    ("fixed", {"stride": 32, "c": 4}, "merged"), ("local", {"window": 40}, "merged")])
+def test_pieces_out_of_token_order_run_first(name, params, mode):
+    """The backward runs the pieces whose keys are out of token order first (their
+    first writes store, the pieces in order add), each kind in plan order; any order
+    gives the oracle's gradients (float32 and the exact float64 path)."""
+    from sparse_patterns.kernels.cpu._schedule import _backward_order
+
+    pat = sps.make(name, 960, **params)
+    pl = plan(pat, mode=mode, block=32)
+    order = _backward_order(pl).tolist()
+    ident = np.arange(pl.n)
+    in_order = [bool((pl.kperm[p] == ident).all()) for p in range(pl.num_pieces)]
+    assert sorted(order) == list(range(pl.num_pieces))
+    assert [in_order[p] for p in order] == sorted(in_order)  # out of order, then in order
+    for kind in (False, True):
+        ps = [p for p in order if in_order[p] == kind]
+        assert ps == sorted(ps)
+    if name == "strided" and mode == "merged":
+        assert order == [1, 0] and not in_order[1]  # the residue piece, then the window
+    for dtype in (np.float32, np.float64):
+        got, want = run(pat, mode, dtype, d=32, pl=pl)
+        assert_close(got, want, dtype)
+
+
 def test_rows_without_keys_get_zero_gradients():
     m = np.tril(np.ones((70, 70), bool))
     m[[3, 40, 69]] = False  # rows without keys, in full and partial tiles

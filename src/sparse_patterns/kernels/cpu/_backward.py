@@ -7,7 +7,9 @@ and adds ``dq`` into its rows (each thread owns whole heads). A ``residue(s)`` p
 runs in work items (block ranges that its tiles do not leave,
 :func:`._schedule._backward_items`): each item's rows are copied once into buffers in
 the piece's order, where every block is a run used in place, and its gradients added
-back once.
+back once. The pieces whose keys are out of token order run first
+(:func:`._schedule._backward_order`): their first writes of a row store it, and the
+pieces in order, whose reads the hardware prefetcher follows, add to it.
 
 Two implementations of a key block share that frame:
 
@@ -43,8 +45,9 @@ Two implementations of a key block share that frame:
   call by call: median 230 against 252 ms (bf16 145 against 173), strided the same.
 * bf16 inputs where :func:`._bf16.bf16_applies` (:func:`backward_bf16`): the fused
   path on bf16 products, the ``_bf16`` passes of :mod:`._llvm_bwd` (``P`` and ``dS``
-  rounded to bf16 between them, ``q`` and ``dO`` also interleaved by pairs of rows);
-  strided 1.2-1.3x and fixed 1.6x the float32 backward (n = 16,384, AMD Zen 5).
+  rounded to bf16 between them, ``q`` and ``dO`` also interleaved by pairs of rows,
+  head by head, and the gradients rounded to bf16 as each head is done); strided
+  1.3-1.4x and fixed 1.6x the float32 backward (n = 16,384, AMD Zen 5).
 * anything else (float64, the exact path that gradcheck uses; other tile sizes;
   other ``d``): :func:`._backward_blas._kblock`, BLAS ``?gemm`` per chunk of tiles
   (:mod:`._blas`) with the probabilities recomputed between the calls.
@@ -81,8 +84,8 @@ from ._llvm_bwd import (
     _tile_ranges,
 )
 from ._pool import _aligned, _buffer
-from ._rows import _delta_rows, _delta_rows_bf16
-from ._schedule import _CHUNK, _backward_items, _block_steps
+from ._rows import _delta_rows, _delta_rows_bf16, _stats32
+from ._schedule import _CHUNK, _backward_items, _backward_order, _block_steps
 
 __all__ = ["backward", "backward_bf16"]
 
@@ -317,25 +320,12 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
                 vrow[c] += va[c]
 
 
-@numba.njit(cache=True, fastmath=_FM)
-def _stats32(l1, base, i0, i1, l2, ok):  # pragma: no cover - compiled
-    """For ``i0 <= i < i1``: ``l2[i] = l1[base + i] log2 e`` and ``ok[i]`` all ones, or
-    ``0`` and ``0`` where ``l1[base + i]`` is ``-inf`` (a row without keys)."""
-    _wide()
-    if l2.size == 0:
-        return
-    ninf = -np.inf
-    for i in range(i0, i1):
-        x = l1[base + i]
-        l2[i] = x * _LOG2E if x != ninf else 0.0
-        ok[i] = np.uint32(0xFFFFFFFF) if x != ninf else np.uint32(0)
-
-
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
 def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group, qperm, kperm,
               col_ptr, col_tile, tile_row, tile_mask, masks, block, chunk, precise, fused,
               ranges, qstart, qstep, item_ptr, items, item_order, item_rows,
-              T, bf, qpr, dopr, qrange, pf, dq16, dk16, dv16):  # pragma: no cover - compiled
+              T, bf, qpr, dopr, qrange, pf, dq16, dk16, dv16,
+              porder):  # pragma: no cover - compiled
     """Every (batch, head) in parallel. A piece with work items (``items[item_ptr[p]:
     item_ptr[p + 1]]``, ranges of its blocks that its tiles do not leave, see
     :func:`_backward_items`) has each item's q, dO, k, v rows (``fused``: q and dO
@@ -353,14 +343,14 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
     as in :func:`_kblock32`. ``dq16``, ``dk16``, ``dv16`` (bf16 inputs; empty: not
     taken): the gradients narrowed to bf16 words, a head's as soon as it is done, while
     its rows are still in the cache; ``dq``, ``dk``, ``dv`` then hold ``T`` heads' rows,
-    one for each thread, reused from head to head."""
+    one for each thread, reused from head to head. ``porder``: the order in which a head
+    runs the pieces (:func:`._schedule._backward_order`)."""
     _wide()
     d = dq.shape[1]
     dw = d // 2 if bf else d
     n = q2.shape[0] // BH
     narrow = dq16.size > 0
     nb = (n + block - 1) // block
-    P = piece_group.size
     dt = q2.dtype
     # the piece's order inside an item's buffers: position x is row x - x0
     ident = np.arange(n, dtype=qperm.dtype).reshape((1, n))
@@ -437,7 +427,7 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
         ll2 = np.empty(n if fused else 0, dt)
         noflags = np.zeros(0, np.uint8)
         lok = np.empty(n if fused else 0, np.uint32)
-        for p in range(P):
+        for p in porder:
             if piece_group[p] != g:
                 continue
             nit = item_ptr[p + 1] - item_ptr[p]
@@ -577,7 +567,8 @@ def backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np
                   *plan.memo("cpu.qsteps", lambda: _block_steps(plan.qperm, plan.block)),
                   *plan.memo("cpu.backward_items", lambda: _backward_items(plan)),
                   numba.get_num_threads(), False, _flat(q), _flat(do), _QRANGE, _PREFETCH,
-                  _NO_WORDS, _NO_WORDS, _NO_WORDS)
+                  _NO_WORDS, _NO_WORDS, _NO_WORDS,
+                  plan.memo("cpu.backward_order", lambda: _backward_order(plan)))
     return dq, dk, dv
 
 
@@ -642,6 +633,7 @@ def backward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, ls
                   plan.tile_mask, plan.masks, plan.block, _CHUNK32, False, True, ranges,
                   *plan.memo("cpu.qsteps", lambda: _block_steps(plan.qperm, plan.block)),
                   *plan.memo("cpu.backward_items", lambda: _backward_items(plan)),
-                  T, True, *pairs, _QRANGE, _PREFETCH, *out)
+                  T, True, *pairs, _QRANGE, _PREFETCH, *out,
+                  plan.memo("cpu.backward_order", lambda: _backward_order(plan)))
     grads = out if words else (dq, dk, dv)
     return tuple(g.reshape(q.shape) for g in grads)

@@ -3,7 +3,7 @@
 reordered once per call, and bf16 rows interleaved by pairs (:func:`_permute_rows_paired`,
 :func:`paired`) for the bf16 products of :mod:`._llvm_fwd` and :mod:`._llvm_bwd`, in
 parallel; the backward's row sums ``delta`` of one head (:func:`_delta_rows`,
-:func:`_delta_rows_bf16`).
+:func:`_delta_rows_bf16`) and its statistics in base-2 units (:func:`_stats32`).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import numba
 import numpy as np
 from numba import prange
 
-from ._llvm import _FM, _bits_to_f32, _copy, _pair_rows, _wide
+from ._llvm import _FM, _LOG2E, _bits_to_f32, _copy, _pair_rows, _wide
 from ._pool import _buffer
 
 __all__ = ["_permute_rows", "_permute_rows_paired", "_permute_residue", "paired", "_delta_rows",
-           "_delta_rows_bf16"]
+           "_delta_rows_bf16", "_stats32"]
 
 
 @numba.njit(parallel=True, cache=True)
@@ -162,3 +162,17 @@ def _delta_rows_bf16(do2, o2, base, n, dw, out):  # pragma: no cover - compiled
             for e in range(16):
                 acc += lanes[e]
             out[i0 + i] = acc
+
+
+@numba.njit(cache=True, fastmath=_FM)
+def _stats32(l1, base, i0, i1, l2, ok):  # pragma: no cover - compiled
+    """For ``i0 <= i < i1``: ``l2[i] = l1[base + i] log2 e`` and ``ok[i]`` all ones, or
+    ``0`` and ``0`` where ``l1[base + i]`` is ``-inf`` (a row without keys)."""
+    _wide()
+    if l2.size == 0:
+        return
+    ninf = -np.inf
+    for i in range(i0, i1):
+        x = l1[base + i]
+        l2[i] = x * _LOG2E if x != ninf else 0.0
+        ok[i] = np.uint32(0xFFFFFFFF) if x != ninf else np.uint32(0)
