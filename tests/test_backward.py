@@ -166,24 +166,26 @@ def test_residue_piece_in_small_work_items_or_gathered(monkeypatch, blocks):
 @pytest.mark.parametrize(("name", "params", "mode"), [
     ("strided", {"stride": 10}, "merged"), ("strided", {"stride": 10}, "multihead"),
     ("fixed", {"stride": 32, "c": 4}, "merged"), ("local", {"window": 40}, "merged")])
-def test_pieces_out_of_token_order_run_first(name, params, mode):
-    """The backward runs the pieces whose keys are out of token order first (their
-    first writes store, the pieces in order add), each kind in plan order; any order
-    gives the oracle's gradients (float32 and the exact float64 path)."""
-    from sparse_patterns.kernels.cpu._schedule import _backward_order
+def test_pieces_in_work_items_run_first(name, params, mode):
+    """The backward runs the pieces it runs in work items (residue classes, rows out of
+    token order) first, so that their first writes store and the pieces in token order
+    add; the others after them, each kind in plan order. Any order gives the oracle's
+    gradients (float32 and the exact float64 path)."""
+    from sparse_patterns.kernels.cpu._schedule import _backward_items, _backward_order
 
     pat = sps.make(name, 960, **params)
     pl = plan(pat, mode=mode, block=32)
     order = _backward_order(pl).tolist()
-    ident = np.arange(pl.n)
-    in_order = [bool((pl.kperm[p] == ident).all()) for p in range(pl.num_pieces)]
+    items = np.diff(_backward_items(pl)[0]) > 0
     assert sorted(order) == list(range(pl.num_pieces))
-    assert [in_order[p] for p in order] == sorted(in_order)  # out of order, then in order
+    assert [not items[p] for p in order] == sorted(not x for x in items)
     for kind in (False, True):
-        ps = [p for p in order if in_order[p] == kind]
+        ps = [p for p in order if items[p] == kind]
         assert ps == sorted(ps)
     if name == "strided" and mode == "merged":
-        assert order == [1, 0] and not in_order[1]  # the residue piece, then the window
+        assert order == [1, 0] and pl.piece_kind[1] == "residue(10)"  # then the window
+    if name == "fixed":
+        assert order == list(range(pl.num_pieces))  # no work items: the plan's order
     for dtype in (np.float32, np.float64):
         got, want = run(pat, mode, dtype, d=32, pl=pl)
         assert_close(got, want, dtype)

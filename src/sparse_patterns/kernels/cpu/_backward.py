@@ -7,9 +7,9 @@ and adds ``dq`` into its rows (each thread owns whole heads). A ``residue(s)`` p
 runs in work items (block ranges that its tiles do not leave,
 :func:`._schedule._backward_items`): each item's rows are copied once into buffers in
 the piece's order, where every block is a run used in place, and its gradients added
-back once. The pieces whose keys are out of token order run first
-(:func:`._schedule._backward_order`): their first writes of a row store it, and the
-pieces in order, whose reads the hardware prefetcher follows, add to it.
+back once. The pieces in work items run first (:func:`._schedule._backward_order`):
+their first writes of a row store it, and the pieces in token order, whose reads the
+hardware prefetcher follows, add to it.
 
 Two implementations of a key block share that frame:
 

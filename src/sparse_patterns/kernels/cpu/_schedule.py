@@ -233,29 +233,30 @@ _ITEM_BLOCKS = 64  # blocks per backward work item (2,048 rows of 32 tokens)
 
 
 def _backward_order(plan) -> np.ndarray:
-    """``int64 (P,)``: the order in which the backward runs the pieces: those whose keys
-    are out of token order first, then those in token order, each kind in plan order.
+    """``int64 (P,)``: the order in which the backward runs the pieces: those it runs
+    in work items (``residue(s)`` pieces, :func:`_backward_items`) first, then the
+    others, each kind in plan order.
 
     A piece's first write of a ``dk``, ``dv`` (and ``dq``) row is a store, a later one
-    reads the row and adds to it. Rows in token order are read in a stream the
-    hardware prefetcher follows; rows out of order (a ``residue(s)`` piece's, 32 KB
-    apart at d = 64 and stride 128) are not. So the pieces out of order store, the
-    pieces in order add. Strided l = 128, n = 16,384, B = 1, H = 8, merged (the window
-    piece in order, the residue piece out of it; AMD Zen 5; one process, two plans, the
-    orders alternated, 8-12 rounds, three runs): float32 backward 1.017x, 1.020x and
-    1.048x the plan's order, bf16 products 0.999x, 0.986x and 1.001x; fixed (c = 16)
-    0.996x and 0.989x.
+    reads the row and adds to it. A residue piece's rows are 32 KB apart (d = 64,
+    stride 128): read in that order, the hardware prefetcher does not follow them; the
+    window piece's come in token order. So the residue piece stores and the window
+    piece adds. Strided l = 128, n = 16,384, B = 1, H = 8, merged (AMD Zen 5; one
+    process, two plans, the orders alternated, 8-12 rounds, three runs): float32
+    backward 1.017x, 1.020x and 1.048x the plan's order, bf16 products 0.999x, 0.986x
+    and 1.001x. Fixed's keys piece (summary columns, no work items) stays where it is:
+    run first it gave 0.996x and 0.989x.
 
     Examples
     --------
     >>> import sparse_patterns as sps
-    >>> _backward_order(sps.plan(sps.make("strided", 256, stride=16), mode="merged",
-    ...                          block=8)).tolist()
+    >>> _backward_order(sps.plan(sps.make("strided", 2048, stride=64), mode="merged",
+    ...                          block=32)).tolist()
     [1, 0]
     """
-    ident = np.arange(plan.n, dtype=plan.kperm.dtype)
-    in_order = [bool(np.array_equal(plan.kperm[p], ident)) for p in range(plan.num_pieces)]
-    return np.array(sorted(range(plan.num_pieces), key=lambda p: in_order[p]), np.int64)
+    item_ptr = plan.memo("cpu.backward_items", lambda: _backward_items(plan))[0]
+    has_items = np.diff(item_ptr) > 0
+    return np.array(sorted(range(plan.num_pieces), key=lambda p: not has_items[p]), np.int64)
 
 
 def _backward_items(plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
