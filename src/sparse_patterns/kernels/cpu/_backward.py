@@ -341,9 +341,9 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
     ``qrange``: the fused path, over a piece's whole order, runs every key block on
     query blocks ``[r0, r0 + qrange)`` before the next ``r0`` (0: all at once). ``pf``:
     as in :func:`_kblock32`. ``dq16``, ``dk16``, ``dv16`` (bf16 inputs; empty: not
-    taken): the gradients narrowed to bf16 words, a head's as soon as it is done, while
-    its rows are still in the cache; ``dq``, ``dk``, ``dv`` then hold ``T`` heads' rows,
-    one for each thread, reused from head to head. ``porder``: the order in which a head
+    taken): the gradients narrowed to bf16 words, a head's as soon as it is done;
+    ``dq``, ``dk``, ``dv`` then hold ``T`` heads' rows, one for each thread, reused from
+    head to head. ``porder``: the order in which a head
     runs the pieces (:func:`._schedule._backward_order`)."""
     _wide()
     d = dq.shape[1]
@@ -519,7 +519,7 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
             if knew[i]:
                 _zero(dkf, (base + i) * d, d)
                 _zero(dvf, (base + i) * d, d)
-        if narrow:  # the head's gradients to bf16, from the cache
+        if narrow:  # the head's gradients to bf16 words, its float32 rows free again
             _narrow16(dqf, dq16[h0:h0 + n].reshape(n * d), 0, n * d, bf)
             _narrow16(dkf, dk16[h0:h0 + n].reshape(n * d), 0, n * d, bf)
             _narrow16(dvf, dv16[h0:h0 + n].reshape(n * d), 0, n * d, bf)
@@ -584,9 +584,8 @@ def backward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, ls
 
     ``words``: return the gradients as bf16 words, each head's accumulated in float32
     rows that its thread reuses from head to head and rounded (to nearest even) as soon
-    as it is done, while those rows are still in the cache; no float32 gradient of the
-    whole call is kept. The words equal :func:`._convert.narrow` of the float32
-    gradients. What it saves is memory: strided l = 512 at n = 2**18 (B = 1, H = 8,
+    as it is done; no float32 gradient of the whole call is kept. The words equal
+    :func:`._convert.narrow` of the float32 gradients. What it saves is memory: strided l = 512 at n = 2**18 (B = 1, H = 8,
     d = 64; AMD Zen 5) grew the peak RSS by 923 MB against 2,076 (768 MB are the words),
     and a first call (fresh pages) took 2.0 s against 4.2-4.6; later calls the same
     (1.7 s), and at n = 16,384 the same time: rounding in the kernel costs what the
