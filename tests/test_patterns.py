@@ -303,3 +303,16 @@ def test_generators_are_exported():
 
     for name in sps.REGISTRY:
         assert getattr(sps, name)(16, **resolve(name, 16, {})) == make(name, 16)
+
+
+@given(n=st.integers(1, 300), stride=st.integers(1, 80), c=st.integers(1, 12),
+       k=st.integers(1, 4), causal=st.booleans())
+def test_fixed_head_nnz_in_closed_form_equals_the_csr(n, stride, c, k, causal):
+    """fixed's ``head_nnz`` comes from its rule in O(k), without counts: each head's
+    entries of the built CSR."""
+    if c > stride or k * c > stride:
+        return
+    pat = make("fixed", n, stride=stride, c=c, summary_heads=k, causal=causal)
+    got = pat.head_nnz
+    assert not pat.materialized and pat._counts is None  # no counts, no CSR were made
+    assert got == tuple(h.nnz for h in pat.heads)

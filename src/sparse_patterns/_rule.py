@@ -45,6 +45,10 @@ class PatternRule:
         ``union_counts() -> int64 (n,)``: ``|S_i|`` of the union of the heads in
         closed form, so ``nnz``, ``density`` and ``row_counts`` need no pass
         over the rows. Without it, the union is streamed row range by row range.
+    head_nnz : callable, optional
+        ``head_nnz() -> tuple of int``: each head's number of entries in O(1), so
+        that ``head_nnz`` needs no counts (a search sorts thousands of candidates
+        by it before the first task).
     take : callable, optional
         ``take(i) -> sequence of csr_matrix``: the rows ``i`` (int64 token
         indices, any order) of every head, each ``(i.size, n)``, as ``rows``
@@ -74,6 +78,7 @@ class PatternRule:
     union_counts: Callable[[], np.ndarray] | None = None
     take: Callable[[np.ndarray], Sequence[sp.csr_matrix]] | None = None
     spans: Callable[[np.ndarray], Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]] | None = None
+    head_nnz: Callable[[], Sequence[int]] | None = None
 
 
 #: Entries of one chunk of rows that streaming consumers read at a time (about 40 MB of CSR).

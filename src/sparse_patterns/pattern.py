@@ -430,7 +430,10 @@ class Pattern:
 
     @property
     def head_nnz(self) -> tuple[int, ...]:
-        """Number of attended pairs per head (from the rule's counts where it has them)."""
+        """Number of attended pairs per head (in closed form, or from the rule's counts,
+        where the rule has them)."""
+        if self._counts is None and self._rule is not None and self._rule.head_nnz is not None:
+            return tuple(int(c) for c in self._rule.head_nnz())
         return tuple(int(c) for c in self._head_counts().sum(axis=1))
 
     @property

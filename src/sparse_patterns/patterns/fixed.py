@@ -187,12 +187,30 @@ def fixed(
         lo = stride - k * c
         return c1 + summary_counts(i, lo, stride) - np.clip(c1 - lo, 0, k * c)
 
+    def head_nnz() -> tuple[int, ...]:
+        # the sums of counts() in O(k): q whole blocks of l rows, then m rows
+        q, m = divmod(n, stride)
+        if causal:  # row r of a block: r + 1; summary: its columns in earlier blocks, then
+            # those of its own block up to r
+            out = [q * stride * (stride + 1) // 2 + m * (m + 1) // 2]
+            for lo, hi in ranges:
+                w = hi - lo
+                whole = w * (w + 1) // 2 + (stride - hi) * w  # one block's own columns
+                a = max(0, min(m, hi) - lo)
+                part = a * (a + 1) // 2 + max(0, m - hi) * w
+                out.append(stride * w * q * (q - 1) // 2 + q * whole + m * q * w + part)
+            return tuple(out)
+        t, r = divmod(n - 1, stride)  # every row sees every summary column
+        return (q * stride * stride + m * m,
+                *(n * (t * (hi - lo) + min(max(r - lo + 1, 0), hi - lo)) for lo, hi in ranges))
+
     def blocks(block: int):
         hs = [_chunk_blocks(n, block, stride, causal)]
         hs += [_summary_blocks(n, block, stride, lo, hi, causal) for lo, hi in ranges]
         return layout_of(n, block, hs)
 
     return Pattern.from_rule(
-        with_union(PatternRule(k + 1, lambda: rows(0, n), blocks, rows, counts, take=take, spans=spans), union_counts),
+        with_union(PatternRule(k + 1, lambda: rows(0, n), blocks, rows, counts, take=take, spans=spans,
+                               head_nnz=head_nnz), union_counts),
         n, name="fixed", params=params, causal=causal, head_names=names,
     )
