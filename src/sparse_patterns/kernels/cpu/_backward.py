@@ -343,8 +343,8 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
     as in :func:`_kblock32`. ``dq16``, ``dk16``, ``dv16`` (bf16 inputs; empty: not
     taken): the gradients narrowed to bf16 words, a head's as soon as it is done;
     ``dq``, ``dk``, ``dv`` then hold ``T`` heads' rows, one for each thread, reused from
-    head to head. ``porder``: the order in which a head
-    runs the pieces (:func:`._schedule._backward_order`)."""
+    head to head. ``porder``: the order in which a head runs the pieces
+    (:func:`._schedule._backward_order`)."""
     _wide()
     d = dq.shape[1]
     dw = d // 2 if bf else d
@@ -585,12 +585,13 @@ def backward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, ls
     ``words``: return the gradients as bf16 words, each head's accumulated in float32
     rows that its thread reuses from head to head and rounded (to nearest even) as soon
     as it is done; no float32 gradient of the whole call is kept. The words equal
-    :func:`._convert.narrow` of the float32 gradients. What it saves is memory: strided l = 512 at n = 2**18 (B = 1, H = 8,
-    d = 64; AMD Zen 5) grew the peak RSS by 923 MB against 2,076 (768 MB are the words),
-    and a first call (fresh pages) took 2.0 s against 4.2-4.6; later calls the same
-    (1.7 s), and at n = 16,384 the same time: rounding in the kernel costs what the
-    separate pass did, both bound by memory (the ``dk``, ``dv`` rows are written with
-    non-temporal stores and are no longer in the cache when the head is done).
+    :func:`._convert.narrow` of the float32 gradients. What it saves is memory:
+    strided l = 512 at n = 2**18 (B = 1, H = 8, d = 64; AMD Zen 5) grew the peak RSS
+    by 923 MB against 2,076 (768 MB are the words), and a first call (fresh pages) took
+    2.0 s against 4.2-4.6; later calls the same (1.7 s), and at n = 16,384 the same
+    time: rounding in the kernel costs what the separate pass did, both bound by memory
+    (the ``dk``, ``dv`` rows are written with non-temporal stores and are no longer in
+    the cache when the head is done).
 
     Returns
     -------
