@@ -369,34 +369,32 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
         hq, hk, hv, ho, hdo = (q2[h0:h0 + n], k2[h0:h0 + n], v2[h0:h0 + n], o2[h0:h0 + n],
                                do2[h0:h0 + n])
         hl1 = l1[h0:h0 + n]
-        if bf:  # q and dO by pairs of rows, into the thread's rows (used while in the cache)
-            hqp, hdop = qpr[t0:t0 + n], dopr[t0:t0 + n]
-            qpf, dopf, hqf, hdof = (hqp.reshape(hqp.size), hdop.reshape(hdop.size),
-                                    hq.reshape(hq.size), hdo.reshape(hdo.size))
-            for x in range(0, n, 2):
-                _pair_rows(qpf, x * dw, hqf, x * dw, (x + 1) * dw, dw)
-                _pair_rows(dopf, x * dw, hdof, x * dw, (x + 1) * dw, dw)
-        else:
-            hqp, hdop = qpr[h0:h0 + n], dopr[h0:h0 + n]
         hdq, hdk, hdv = dq[g0:g0 + n], dk[g0:g0 + n], dv[g0:g0 + n]
         qf, dof, dqf = hq.reshape(hq.size), hdo.reshape(hdo.size), hdq.reshape(hdq.size)
         dkf, dvf = hdk.reshape(hdk.size), hdv.reshape(hdv.size)
-        base = 0
+        if bf:  # q and dO by pairs of rows, into the thread's rows (used while in the cache)
+            hqp, hdop = qpr[t0:t0 + n], dopr[t0:t0 + n]
+            qpf, dopf = hqp.reshape(hqp.size), hdop.reshape(hdop.size)
+            for x in range(0, n, 2):
+                _pair_rows(qpf, x * dw, qf, x * dw, (x + 1) * dw, dw)
+                _pair_rows(dopf, x * dw, dof, x * dw, (x + 1) * dw, dw)
+        else:
+            hqp, hdop = qpr[h0:h0 + n], dopr[h0:h0 + n]
         g = (bh % H) % G
         dl = np.empty(n, dt)
         if bf:
-            _delta_rows_bf16(hdo, ho, base, n, dw, dl)
+            _delta_rows_bf16(hdo, ho, 0, n, dw, dl)
         else:
-            _delta_rows(hdo, ho, base, n, dl, precise)
+            _delta_rows(hdo, ho, 0, n, dl, precise)
         l2 = np.empty(n if fused else 0, dt)  # the fused path's statistics (see _kblock32)
         ok = np.empty(n if fused else 0, np.uint32)
-        _stats32(hl1, base, 0, n, l2, ok)
+        _stats32(hl1, 0, 0, n, l2, ok)
         qnew = np.ones(n if fused else 0, np.uint8)  # fused: rows set on first use
         knew = np.ones(n if fused else 0, np.uint8)
         if not fused:
-            _zero(dqf, base * d, n * d)
-            _zero(dkf, base * d, n * d)
-            _zero(dvf, base * d, n * d)
+            _zero(dqf, 0, n * d)
+            _zero(dkf, 0, n * d)
+            _zero(dvf, 0, n * d)
         # buffers of the fused path (float32, 32-token tiles), or of _kblock's BLAS calls
         c32 = chunk * 32 if fused else 1
         kc = _aligned((3 if fused else 2) * block * d, q2)
@@ -439,7 +437,7 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                 wqperm, wkperm, wpp, wstart, wstep = qperm, kperm, p, qstart, qstep
                 wqf, wdof, wdqf = qf, dof, dqf
                 wqp, wdop = hqp, hdop
-                wbase, J0, J1 = base, 0, nb
+                wbase, J0, J1 = 0, 0, nb
                 if nit > 0:
                     it = item_ptr[p] + u
                     b0, b1, o0 = items[it, 0], items[it, 1], items[it, 2]
@@ -453,14 +451,14 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                         dst = ib[a].reshape(R * d)
                         for t in range(o0, o0 + x1 - x0):
                             x = item_order[t]
-                            _copy(dst, (x - x0) * dw, src, (base + perm[x]) * dw, dw)
+                            _copy(dst, (x - x0) * dw, src, perm[x] * dw, dw)
                         if bf:  # and by pairs of rows (x1 - x0 is even)
                             paired = ib[3 + a].reshape(R * d)
                             for x in range(0, x1 - x0, 2):
                                 _pair_rows(paired, x * dw, dst, x * dw, (x + 1) * dw, dw)
                     for t in range(o0, o0 + x1 - x0):
                         x = item_order[t]
-                        ll[x - x0] = hl1[base + perm[x]]
+                        ll[x - x0] = hl1[perm[x]]
                         ldl[x] = dl[perm[x]]
                     _stats32(ll, -x0, x0, x1, ll2, lok)
                     _zero(ldq.reshape(R * d), 0, (x1 - x0) * d)
@@ -487,7 +485,7 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                                                          tile_row[col_tile[c0]] >= r0 + nr)):
                                 continue  # no tile of this key block in these query blocks
                             _kblock32(wq, wdo, wdq, wbase, wqperm[wpp], wstep[wpp], wl2, wdl,
-                                      wok, hk, hv, hdk, hdv, base, kperm[p], n, p, J, scale,
+                                      wok, hk, hv, hdk, hdv, 0, kperm[p], n, p, J, scale,
                                       col_ptr, col_tile, tile_row, tile_mask, masks, ranges,
                                       chunk, kc, qc, doc, dqc, lc, dc, mbits, sbuf, dpbuf, dkacc,
                                       dvacc, roff, rowsrc, rng, wqnew, knew, bf, dw, wqp, wdop,
@@ -505,7 +503,7 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                     lg = ib[iq + a]
                     for t in range(o0, o0 + x1 - x0):
                         x = item_order[t]
-                        grow, lrow = g2[base + perm[x]], lg[x - x0]  # row views: vectorized
+                        grow, lrow = g2[perm[x]], lg[x - x0]  # row views: vectorized
                         if a == 0 and fused and qnew[perm[x]]:
                             qnew[perm[x]] = 0
                             for c in range(d):
@@ -515,10 +513,10 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                                 grow[c] += lrow[c]
         for i in range(qnew.size):  # rows that no tile reaches
             if qnew[i]:
-                _zero(dqf, (base + i) * d, d)
+                _zero(dqf, i * d, d)
             if knew[i]:
-                _zero(dkf, (base + i) * d, d)
-                _zero(dvf, (base + i) * d, d)
+                _zero(dkf, i * d, d)
+                _zero(dvf, i * d, d)
         if narrow:  # the head's gradients to bf16 words, its float32 rows free again
             _narrow16(dqf, dq16[h0:h0 + n].reshape(n * d), 0, n * d, bf)
             _narrow16(dkf, dk16[h0:h0 + n].reshape(n * d), 0, n * d, bf)
