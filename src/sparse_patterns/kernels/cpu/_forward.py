@@ -338,6 +338,12 @@ def _qblock(q1, k1, v1, vi1, o1, m1, l1, base, kbase, n, d, dw, bf, p, I, scale,
             l1[i] = lrow[r]
 
 
+@numba.njit(cache=True, inline="always")
+def _share(ptr, it, u, parts):  # pragma: no cover - compiled
+    """Where share ``u`` of ``parts`` of ``ptr[it]: ptr[it + 1]`` starts."""
+    return ptr[it] + (ptr[it + 1] - ptr[it]) * u // parts
+
+
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
 def _forward_piece(q1, k1, v1, vi1, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G, g, p, first,
                    last, qperm, kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col,
@@ -420,18 +426,13 @@ def _forward_piece(q1, k1, v1, vi1, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scal
             it2 = w2 % nseg
             base2 = (bh0 + w2 // nseg) * n
             for I in range(I0, I1):
-                if pf_on:
-                    nbk = I1 - I0
-                    u = I - I0
-                    ka0, ka1 = kptr[it2], kptr[it2 + 1]
-                    lo_, hi_ = ka0 + (ka1 - ka0) * u // nbk, ka0 + (ka1 - ka0) * (u + 1) // nbk
-                    for t in range(lo_, hi_):
+                if pf_on:  # block u of the item's I1 - I0 asks for share u of the rows
+                    u, nbk = I - I0, I1 - I0
+                    for t in range(_share(kptr, it2, u, nbk), _share(kptr, it2, u + 1, nbk)):
                         src = (base2 + kperm_used[korder[t]]) * dw
                         _prefetch(k1, src, dw)
                         _prefetch(v1, src, dw)
-                    qa0, qa1 = qptr[it2], qptr[it2 + 1]
-                    lo_, hi_ = qa0 + (qa1 - qa0) * u // nbk, qa0 + (qa1 - qa0) * (u + 1) // nbk
-                    for t in range(lo_, hi_):
+                    for t in range(_share(qptr, it2, u, nbk), _share(qptr, it2, u + 1, nbk)):
                         _prefetch(q1, (base2 + qp[qorder[t]]) * dw, dw)
                 _qblock(ql, kl, vl, vl, ol, ml, ll, -y0, -x0, n, d, dw, bf, p, I, scale, first, last,
                         local, local, lstart, lstep, tile_ptr, tile_col, tile_mask, masks,
