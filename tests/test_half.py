@@ -328,21 +328,27 @@ def test_bf16_backward_words_equal_narrowed_float32_gradients(B, H, name, params
         assert (words[1] == 0).all(axis=-1).any()
 
 
-@pytest.mark.parametrize("n, d", [(1, 32), (63, 64), (64, 32), (130, 128)])
-def test_delta_rows_bf16_against_float64(n, d):
-    """The backward's ``delta`` of bf16 rows (64 rows widened at a time: a partial last
-    chunk, a single row, d of one and of several 16-lane steps) is the float64 row sum
-    of the widened products, within float32 summation error, for rows from an offset."""
-    from sparse_patterns.kernels.cpu._rows import _delta_rows_bf16
+@pytest.mark.parametrize("n, d", [(2, 32), (64, 64), (130, 128), (6, 96)])
+def test_pair_delta_bf16_against_float64(n, d):
+    """The bf16 backward's pass over a head's rows: ``q`` and ``dO`` interleaved by pairs
+    of rows (word ``c`` of pair ``i``: element ``c`` of rows ``2i`` and ``2i + 1``), and
+    ``delta``, the float64 row sum of the widened products within float32 summation
+    error (d of one 16-lane step and of several)."""
+    from sparse_patterns.kernels.cpu._rows import _pair_delta_bf16
 
     rng = np.random.default_rng(n)
-    words = [(rng.standard_normal((n + 3, d), np.float32).view(np.uint32) >> 16).astype(np.uint16)
-             for _ in range(2)]
+    q, do, o = ((rng.standard_normal((n, d), np.float32).view(np.uint32) >> 16).astype(np.uint16)
+                for _ in range(3))
+    dw = d // 2
+    qp, dop = (np.full(n * dw, np.nan, np.float32) for _ in range(2))
     out = np.full(n, np.nan, np.float32)
-    _delta_rows_bf16(*(w.view(np.float32) for w in words), 3, n, d // 2, out)
-    wide = [(w.astype(np.uint32) << 16).view(np.float32).astype(np.float64) for w in words]
-    want = (wide[0] * wide[1]).sum(axis=1)[3:]
-    scale = (np.abs(wide[0]) * np.abs(wide[1])).sum(axis=1)[3:]
+    _pair_delta_bf16(*(w.reshape(-1).view(np.float32) for w in (q, do, o)), qp, dop, n, dw, out)
+    for rows, pairs in ((q, qp), (do, dop)):
+        want = np.stack([rows[0::2], rows[1::2]], axis=-1).reshape(n // 2, 2 * d)
+        np.testing.assert_array_equal(pairs.view(np.uint16).reshape(n // 2, 2 * d), want)
+    wide = [(w.astype(np.uint32) << 16).view(np.float32).astype(np.float64) for w in (do, o)]
+    want = (wide[0] * wide[1]).sum(axis=1)
+    scale = (np.abs(wide[0]) * np.abs(wide[1])).sum(axis=1)
     assert (np.abs(out - want) <= 1e-6 * scale).all()
 
 

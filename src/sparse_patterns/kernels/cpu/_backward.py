@@ -46,8 +46,9 @@ Two implementations of a key block share that frame:
 * bf16 inputs where :func:`._bf16.bf16_applies` (:func:`backward_bf16`): the fused
   path on bf16 products, the ``_bf16`` passes of :mod:`._llvm_bwd` (``P`` and ``dS``
   rounded to bf16 between them, ``q`` and ``dO`` also interleaved by pairs of rows,
-  head by head, and the gradients rounded to bf16 as each head is done); strided
-  1.3-1.4x and fixed 1.6x the float32 backward (n = 16,384, AMD Zen 5).
+  head by head, in the pass that forms ``delta`` (:func:`._rows._pair_delta_bf16`), and
+  the gradients rounded to bf16 as each head is done); strided 1.4-1.5x and fixed 1.6x
+  the float32 backward (n = 16,384, AMD Zen 5).
 * anything else (float64, the exact path that gradcheck uses; other tile sizes;
   other ``d``): :func:`._backward_blas._kblock`, BLAS ``?gemm`` per chunk of tiles
   (:mod:`._blas`) with the probabilities recomputed between the calls.
@@ -84,7 +85,7 @@ from ._llvm_bwd import (
     _tile_ranges,
 )
 from ._pool import _aligned, _buffer
-from ._rows import _delta_rows, _delta_rows_bf16, _stats32
+from ._rows import _delta_rows, _pair_delta_bf16, _stats32
 from ._schedule import _CHUNK, _backward_items, _backward_order, _block_steps
 
 __all__ = ["backward", "backward_bf16"]
@@ -372,20 +373,15 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
         hdq, hdk, hdv = dq[g0:g0 + n], dk[g0:g0 + n], dv[g0:g0 + n]
         qf, dof, dqf = hq.reshape(hq.size), hdo.reshape(hdo.size), hdq.reshape(hdq.size)
         dkf, dvf = hdk.reshape(hdk.size), hdv.reshape(hdv.size)
-        if bf:  # q and dO by pairs of rows, into the thread's rows (used while in the cache)
+        dl = np.empty(n, dt)
+        if bf:  # q and dO by pairs of rows, into the thread's rows, and delta in one pass
             hqp, hdop = qpr[t0:t0 + n], dopr[t0:t0 + n]
-            qpf, dopf = hqp.reshape(hqp.size), hdop.reshape(hdop.size)
-            for x in range(0, n, 2):
-                _pair_rows(qpf, x * dw, qf, x * dw, (x + 1) * dw, dw)
-                _pair_rows(dopf, x * dw, dof, x * dw, (x + 1) * dw, dw)
+            _pair_delta_bf16(qf, dof, ho.reshape(ho.size), hqp.reshape(hqp.size),
+                             hdop.reshape(hdop.size), n, dw, dl)
         else:
             hqp, hdop = qpr[h0:h0 + n], dopr[h0:h0 + n]
-        g = (bh % H) % G
-        dl = np.empty(n, dt)
-        if bf:
-            _delta_rows_bf16(hdo, ho, 0, n, dw, dl)
-        else:
             _delta_rows(hdo, ho, 0, n, dl, precise)
+        g = (bh % H) % G
         l2 = np.empty(n if fused else 0, dt)  # the fused path's statistics (see _kblock32)
         ok = np.empty(n if fused else 0, np.uint32)
         _stats32(hl1, 0, 0, n, l2, ok)

@@ -2,8 +2,8 @@
 (:func:`_permute_rows`, :func:`_permute_residue`) for a piece whose key blocks are
 reordered once per call, and bf16 rows interleaved by pairs (:func:`_permute_rows_paired`,
 :func:`paired`) for the bf16 products of :mod:`._llvm_fwd` and :mod:`._llvm_bwd`, in
-parallel; the backward's row sums ``delta`` of one head (:func:`_delta_rows`,
-:func:`_delta_rows_bf16`) and its statistics in base-2 units (:func:`_stats32`).
+parallel; the backward's row sums ``delta`` of one head (:func:`_delta_rows`; bf16:
+with its pairs of rows, :func:`_pair_delta_bf16`) and its statistics in base-2 units (:func:`_stats32`).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import numba
 import numpy as np
 from numba import prange
 
-from ._llvm import _FM, _LOG2E, _bits_to_f32, _copy, _pair_rows, _wide
+from ._llvm import _FM, _LOG2E, _copy, _dot_bf16, _pair_rows, _wide
 from ._pool import _buffer
 
 __all__ = ["_permute_rows", "_permute_rows_paired", "_permute_residue", "paired", "_delta_rows",
-           "_delta_rows_bf16", "_stats32"]
+           "_pair_delta_bf16", "_stats32"]
 
 
 @numba.njit(parallel=True, cache=True)
@@ -126,42 +126,20 @@ def _delta_rows(do2, o2, base, n, out, precise):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, fastmath=_FM)
-def _delta_rows_bf16(do2, o2, base, n, dw, out):  # pragma: no cover - compiled
-    """:func:`_delta_rows` of bf16 rows (``dw`` float32 words of two bf16 each, a
-    multiple of 16), summed in float32 over 16 lanes. 64 rows at a time are widened
-    into float32 buffers and their products formed in flat loops, which vectorize
-    (widening and summing row by row did not: 2.3x slower, n = 16,384, 8 heads, 6.1
-    against 2.7 ms on one core of the AMD Zen 5); the sums are bit for bit the same."""
-    _wide()
-    du = do2.reshape(do2.size).view(np.uint32)
-    ou = o2.reshape(o2.size).view(np.uint32)
-    high = np.uint32(0xFFFF0000)
-    R = 64  # rows widened at a time (4 buffers of 8 KB at d = 64)
-    lo_a, lo_b = np.empty(R * dw, np.float32), np.empty(R * dw, np.float32)
-    hi_a, hi_b = np.empty(R * dw, np.float32), np.empty(R * dw, np.float32)
-    lanes = np.empty(16, np.float32)
-    for i0 in range(0, n, R):
-        m = min(R, n - i0)
-        r0 = (base + i0) * dw
-        a, b = du[r0: r0 + m * dw], ou[r0: r0 + m * dw]  # views: the loops vectorize
-        for c in range(m * dw):  # element 2c of a row in the low half, 2c + 1 high
-            lo_a[c] = _bits_to_f32(a[c] << np.uint32(16))
-            lo_b[c] = _bits_to_f32(b[c] << np.uint32(16))
-            hi_a[c] = _bits_to_f32(a[c] & high)
-            hi_b[c] = _bits_to_f32(b[c] & high)
-        for c in range(m * dw):
-            lo_a[c] = lo_a[c] * lo_b[c] + hi_a[c] * hi_b[c]
-        for i in range(m):
-            row = lo_a[i * dw: (i + 1) * dw]
-            for e in range(16):
-                lanes[e] = row[e]
-            for c0 in range(16, dw, 16):
-                for e in range(16):
-                    lanes[e] += row[c0 + e]
-            acc = np.float32(0.0)
-            for e in range(16):
-                acc += lanes[e]
-            out[i0 + i] = acc
+def _pair_delta_bf16(q, do, o, qp, dop, n, dw, out):  # pragma: no cover - compiled
+    """One head's ``q`` and ``dO`` interleaved by pairs of rows into ``qp``, ``dop``
+    (:func:`._llvm._pair_rows`: rows ``2i`` and ``2i + 1``) and its ``delta`` (``out[i]
+    = sum_c dO[i, c] O[i, c]``, :func:`._llvm._dot_bf16`) in the same pass over ``dO``,
+    while its rows are in L1. Flat float32 arrays of bf16 pairs, ``n`` rows of ``dw``
+    words (``n`` even, ``dw`` a multiple of 16) from word 0. Strided bf16 backward,
+    n = 16,384, B = 1, H = 8, d = 64 (AMD Zen 5, 7 pairs of processes alternated, 10
+    calls each): min 39.2-42.0 ms against 41.4-45.5 for the pairing followed by a
+    separate ``delta`` pass (which widened 64 rows at a time into float32 buffers)."""
+    for x in range(0, n, 2):
+        _pair_rows(qp, x * dw, q, x * dw, (x + 1) * dw, dw)
+        _pair_rows(dop, x * dw, do, x * dw, (x + 1) * dw, dw)
+        out[x] = _dot_bf16(do, x * dw, o, x * dw, dw)
+        out[x + 1] = _dot_bf16(do, (x + 1) * dw, o, (x + 1) * dw, dw)
 
 
 @numba.njit(cache=True, fastmath=_FM)
