@@ -297,17 +297,23 @@ def test_bf16_backward_prefetch_changes_nothing(monkeypatch):
     (1, 1, "strided", {"stride": 40}, "merged"),  # one head: fewer heads than threads
     (2, 3, "strided", {"stride": 40}, "multihead"),  # heads share the threads' rows
     (1, 4, "fixed", {"stride": 64, "c": 8}, "multihead"),  # keys no tile reaches (A2)
+    (1, 2, "local", {"window": 72}, "merged"),  # one piece, no work items
 ])
-def test_bf16_backward_words_equal_narrowed_float32_gradients(B, H, name, params, mode,
+@pytest.mark.parametrize("qrange", [128, 3])
+def test_bf16_backward_words_equal_narrowed_float32_gradients(B, H, name, params, mode, qrange,
                                                               monkeypatch):
     """``backward_bf16(words=True)`` (what ``attention_backward`` on bf16 tensors takes)
     accumulates each head's gradients in float32 rows its thread reuses and rounds them
-    when the head is done: bit for bit :func:`narrow` of the float32 gradients of the
-    whole call, every head, rows no tile reaches included (zero)."""
+    as the head's last piece finishes them (``qrange`` 3: in 11 ranges of query blocks,
+    key blocks across their ends) or when the head is done: bit for bit :func:`narrow`
+    of the float32 gradients of the whole call, every head, rows no tile reaches
+    included (zero)."""
+    from sparse_patterns.kernels.cpu import _backward as bw
     from sparse_patterns.kernels.cpu import backward_bf16
     from sparse_patterns.kernels.cpu._convert import narrow
 
     monkeypatch.setenv("SPARSE_PATTERNS_BF16", "products")
+    monkeypatch.setattr(bw, "_QRANGE", qrange)
     n = 1024
     pat = sps.make(name, n, **params)
     pl = plan(pat, mode=mode, block=32)

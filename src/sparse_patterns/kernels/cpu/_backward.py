@@ -46,9 +46,9 @@ Two implementations of a key block share that frame:
 * bf16 inputs where :func:`._bf16.bf16_applies` (:func:`backward_bf16`): the fused
   path on bf16 products, the ``_bf16`` passes of :mod:`._llvm_bwd` (``P`` and ``dS``
   rounded to bf16 between them, ``q`` and ``dO`` also interleaved by pairs of rows,
-  head by head, in the pass that forms ``delta`` (:func:`._rows._pair_delta_bf16`), and
-  the gradients rounded to bf16 as each head is done); strided 1.4-1.5x and fixed 1.6x
-  the float32 backward (n = 16,384, AMD Zen 5).
+  head by head, in the pass that forms ``delta`` (:func:`._rows._pair_delta_bf16`), the
+  gradients rounded to bf16 as the head finishes them; 5 tiles a chunk); strided 1.4-1.5x
+  and fixed 1.6-1.7x the float32 backward (n = 16,384, AMD Zen 5).
 * anything else (float64, the exact path that gradcheck uses; other tile sizes;
   other ``d``): :func:`._backward_blas._kblock`, BLAS ``?gemm`` per chunk of tiles
   (:mod:`._blas`) with the probabilities recomputed between the calls.
@@ -63,7 +63,6 @@ from numba import prange
 from ._backward_blas import _kblock
 from ._bf16 import _check_products
 from ._blas import _threads_for, single_threaded_blas
-from ._convert import _narrow16
 from ._llvm import (
     _FM,
     _LOG2E,
@@ -85,8 +84,8 @@ from ._llvm_bwd import (
     _tile_ranges,
 )
 from ._pool import _aligned, _buffer
-from ._rows import _delta_rows, _pair_delta_bf16, _stats32
-from ._schedule import _CHUNK, _backward_items, _backward_order, _block_steps
+from ._rows import _delta_rows, _narrow_rows, _pair_delta_bf16, _stats32
+from ._schedule import _CHUNK, _backward_items, _backward_order, _block_steps, _finished_blocks
 
 __all__ = ["backward", "backward_bf16"]
 
@@ -102,9 +101,8 @@ _QRANGE = 128
 # software prefetch (prefetcht1) of the next key block's rows in the fused path, a hint
 # that changes no result (False: off, for A/B runs). Strided n = 16,384 (B=1, H=8, d=64,
 # merged; AMD Zen 5; one process, one plan, alternated, 5-6 rounds): float32 1.032x
-# (1.025-1.037), bf16 products 1.024x (0.964-1.071); fixed 0.992x (0.983-1.006) and
-# 1.000x. Each part alone, strided: keys and values 1.027x / 1.011x, query rows 1.008x /
-# 1.014x.
+# (1.025-1.037), bf16 products 1.024x (0.964-1.071); fixed 0.992x (0.983-1.006) and 1.000x.
+# Each part alone, strided: keys and values 1.027x / 1.011x, query rows 1.008x / 1.014x.
 _PREFETCH = True
 
 
@@ -347,9 +345,9 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
     ``qrange``: the fused path, over a piece's whole order, runs every key block on
     query blocks ``[r0, r0 + qrange)`` before the next ``r0`` (0: all at once). ``pf``:
     as in :func:`_kblock32`. ``dq16``, ``dk16``, ``dv16`` (bf16 inputs; empty: not
-    taken): the gradients narrowed to bf16 words, a head's as soon as it is done;
-    ``dq``, ``dk``, ``dv`` then hold ``T`` heads' rows, one for each thread, reused from
-    head to head. ``porder``: the order in which a head runs the pieces
+    taken): the gradients narrowed to bf16 words (flat), a head's rows as its last piece
+    finishes them (:func:`._rows._narrow_rows`) or when it is done; ``dq``, ``dk``,
+    ``dv`` then hold ``T`` heads' rows, one for each thread, reused from head to head. ``porder``: the order in which a head runs the pieces
     (:func:`._schedule._backward_order`)."""
     _wide()
     d = dq.shape[1]
@@ -426,6 +424,14 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
         ll2 = np.empty(n if fused else 0, dt)
         noflags = np.zeros(0, np.uint8)
         lok = np.empty(n if fused else 0, np.uint32)
+        # narrowed: the head's last piece, where it runs over ranges of query blocks, rounds
+        # the rows each range finishes (while they are in the cache); the others at the end
+        last = -1
+        for p in porder:
+            last = p if piece_group[p] == g else last
+        inc = narrow and qrange > 0 and last >= 0 and item_ptr[last + 1] == item_ptr[last]
+        qdone, kdone = np.zeros(n if narrow else 0, np.uint8), np.zeros(n if narrow else 0, np.uint8)
+        jn = 0  # the last piece's key blocks rounded so far
         for p in porder:
             if piece_group[p] != g:
                 continue
@@ -497,6 +503,13 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                                     tile_mask, masks, block, chunk, precise, kc, vc, qc, doc, lc,
                                     mbits, dc, sbuf, dpbuf, dkacc, dvacc, dqc, rowsrc, wstart,
                                     wstep, wqf, wdof, wdqf)
+                    if inc and p == last:  # the rows this range of query blocks finished
+                        I1 = min(nb, r0 + nr)
+                        _narrow_rows(perm, r0 * block, min(n, I1 * block), qnew, qdone, d, bf,
+                                     h0 * d, dqf, dq16, dqf[:0], dq16)
+                        j0, jn = jn, _finished_blocks(col_ptr, col_tile, tile_row, p, nb, jn, I1)
+                        _narrow_rows(kperm[p], j0 * block, min(n, jn * block), knew, kdone, d,
+                                     bf, h0 * d, dkf, dk16, dvf, dv16)
                 if nit == 0:
                     continue
                 for a in range(1 if fused else 3):  # the gradients added to their rows
@@ -512,16 +525,16 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                         else:
                             for c in range(d):
                                 grow[c] += lrow[c]
-        for i in range(qnew.size):  # rows that no tile reaches
-            if qnew[i]:
-                _zero(dqf, i * d, d)
-            if knew[i]:
-                _zero(dkf, i * d, d)
-                _zero(dvf, i * d, d)
-        if narrow:  # the head's gradients to bf16 words, its float32 rows free again
-            _narrow16(dqf, dq16[h0:h0 + n].reshape(n * d), 0, n * d, bf)
-            _narrow16(dkf, dk16[h0:h0 + n].reshape(n * d), 0, n * d, bf)
-            _narrow16(dvf, dv16[h0:h0 + n].reshape(n * d), 0, n * d, bf)
+        if narrow:  # the rest of the head's gradients to bf16 words (the rows free again)
+            _narrow_rows(ident[0], 0, n, qnew, qdone, d, bf, h0 * d, dqf, dq16, dqf[:0], dq16)
+            _narrow_rows(ident[0], 0, n, knew, kdone, d, bf, h0 * d, dkf, dk16, dvf, dv16)
+        else:
+            for i in range(qnew.size):  # rows that no tile reaches
+                if qnew[i]:
+                    _zero(dqf, i * d, d)
+                if knew[i]:
+                    _zero(dkf, i * d, d)
+                    _zero(dvf, i * d, d)
 
 
 def _flat(a: np.ndarray) -> np.ndarray:
@@ -529,7 +542,7 @@ def _flat(a: np.ndarray) -> np.ndarray:
 
 
 _NO_RANGES = np.zeros((1, 32), np.int64)
-_NO_WORDS = np.zeros((0, 32), np.uint16)
+_NO_WORDS = np.zeros(0, np.uint16)
 
 
 def backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np.ndarray,
@@ -582,15 +595,14 @@ def backward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, ls
     exponentials and ``dS`` itself are float32).
 
     ``words``: return the gradients as bf16 words, each head's accumulated in float32
-    rows that its thread reuses from head to head and rounded (to nearest even) as soon
-    as it is done; no float32 gradient of the whole call is kept. The words equal
-    :func:`._convert.narrow` of the float32 gradients. What it saves is memory:
-    strided l = 512 at n = 2**18 (B = 1, H = 8, d = 64; AMD Zen 5) grew the peak RSS
-    by 923 MB against 2,076 (768 MB are the words), and a first call (fresh pages) took
-    2.0 s against 4.2-4.6; later calls the same (1.7 s), and at n = 16,384 the same
-    time: rounding in the kernel costs what the separate pass did, both bound by memory
-    (the ``dk``, ``dv`` rows are written with non-temporal stores and are no longer in
-    the cache when the head is done).
+    rows that its thread reuses from head to head and rounded (to nearest even) as the
+    head's last piece finishes them, else when the head is done; no float32 gradient of
+    the whole call is kept. The words equal :func:`._convert.narrow` of the float32
+    gradients. Strided l = 512 at n = 2**18 (B = 1, H = 8, d = 64; AMD Zen 5): the peak
+    RSS grew by 923 MB against 2,076 (768 MB are the words), a first call (fresh pages)
+    took 2.0 s against 4.2-4.6. Rows rounded as the window piece (last) finishes each
+    range of query blocks, in the cache, instead of all at the head's end: strided
+    l = 128, n = 16,384, min 42.8-43.5 against 43.9-45.1 ms (3 process pairs).
 
     Returns
     -------
@@ -625,7 +637,7 @@ def backward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, ls
         pairs = [_buffer((T * n, d // 2), np.float32) for _ in range(2)]
         rows = T * n if words else B * H * n  # float32 gradient rows: the threads' or all
         dq, dk, dv = (_buffer((rows, d), np.float32) for _ in range(3))
-        out = [_buffer((B * H * n, d), np.uint16) if words else _NO_WORDS for _ in range(3)]
+        out = [_buffer((B * H * n * d,), np.uint16) if words else _NO_WORDS for _ in range(3)]
         _backward(*w, lse.reshape(-1).astype(np.float32, copy=False), dq, dk, dv, B * H, H,
                   np.float32(scale), plan.num_groups, plan.piece_group,
                   plan.qperm, plan.kperm, col_ptr, col_tile, plan.tile_rows(),

@@ -12,11 +12,12 @@ import numba
 import numpy as np
 from numba import prange
 
-from ._llvm import _FM, _LOG2E, _copy, _dot_bf16, _pair_rows, _wide
+from ._convert import _narrow16
+from ._llvm import _FM, _LOG2E, _copy, _dot_bf16, _pair_rows, _wide, _zero
 from ._pool import _buffer
 
 __all__ = ["_permute_rows", "_permute_rows_paired", "_permute_residue", "paired", "_delta_rows",
-           "_pair_delta_bf16", "_stats32"]
+           "_pair_delta_bf16", "_narrow_rows", "_stats32"]
 
 
 @numba.njit(parallel=True, cache=True)
@@ -140,6 +141,37 @@ def _pair_delta_bf16(q, do, o, qp, dop, n, dw, out):  # pragma: no cover - compi
         _pair_rows(dop, x * dw, do, x * dw, (x + 1) * dw, dw)
         out[x] = _dot_bf16(do, x * dw, o, x * dw, dw)
         out[x + 1] = _dot_bf16(do, (x + 1) * dw, o, (x + 1) * dw, dw)
+
+
+@numba.njit(cache=True, fastmath=_FM)
+def _narrow_rows(perm, x0, x1, new, done, d, bf, w0, a, a16, b, b16):  # pragma: no cover - compiled
+    """Rows ``perm[x]``, ``x0 <= x < x1``, of the flat float32 gradient rows ``a`` (and
+    ``b`` unless empty) rounded to bf16 (``bf``) or IEEE-half words into ``a16``
+    (``b16``) from word ``w0`` on (row ``i`` at ``w0 + i d``), each row once: ``done`` is set for it, a row already done is skipped.
+    A row whose flag ``new`` is still set (no tile wrote it: a key or query that no
+    tile reaches) is zeroed first and its flag cleared. ``d`` elements a row; runs of
+    consecutive rows are rounded in one pass."""
+    a16, b16 = a16[w0:], b16[w0:]
+    x = x0
+    while x < x1:
+        if done[perm[x]]:
+            x += 1
+            continue
+        e = x + 1  # rows perm[x] .. perm[e - 1]: consecutive, none done
+        while e < x1 and perm[e] == perm[e - 1] + 1 and not done[perm[e]]:
+            e += 1
+        for y in range(x, e):
+            i = perm[y]
+            done[i] = 1
+            if new[i]:
+                new[i] = 0
+                _zero(a, i * d, d)
+                if b.size > 0:
+                    _zero(b, i * d, d)
+        _narrow16(a, a16, perm[x] * d, (e - x) * d, bf)
+        if b.size > 0:
+            _narrow16(b, b16, perm[x] * d, (e - x) * d, bf)
+        x = e
 
 
 @numba.njit(cache=True, fastmath=_FM)

@@ -18,7 +18,7 @@ from ..planning import residue_perm
 __all__ = [
     "_CHUNK", "_CHUNK_FUSED", "_LOCAL_ROWS", "_COPY_RUN", "_ITEM_BLOCKS", "_NO_MASKS", "_NO_ROWS",
     "_block_steps", "_residues", "_item_span", "_copy_order", "_copy_orders",
-    "_forward_steps", "_masks_t", "_group_rows", "_backward_items",
+    "_forward_steps", "_masks_t", "_group_rows", "_backward_items", "_finished_blocks",
 ]
 
 _CHUNK = 8  # tiles gathered per step (keys per score matrix: _CHUNK * block)
@@ -303,3 +303,14 @@ def _backward_items(plan) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     items = np.asarray(out, np.int64).reshape(-1, 3)
     order = np.concatenate(order).astype(np.int64) if order else np.zeros(0, np.int64)
     return np.asarray(ptr, np.int64), items, order, max(most, 1)
+
+
+@numba.njit(cache=True)
+def _finished_blocks(col_ptr, col_tile, tile_row, p, nb, J, I1):  # pragma: no cover - compiled
+    """The first key block from ``J`` on of piece ``p`` (``nb`` blocks) with a tile in a
+    query block ``>= I1``, or ``nb``: once the query blocks below ``I1`` are done, the
+    key blocks before it get no more tiles (a column's tiles are sorted by query block)."""
+    while J < nb and (col_ptr[p * nb + J + 1] == col_ptr[p * nb + J] or
+                      tile_row[col_tile[col_ptr[p * nb + J + 1] - 1]] < I1):
+        J += 1
+    return J
