@@ -10,6 +10,8 @@ import textwrap
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -332,6 +334,38 @@ def test_bf16_backward_words_equal_narrowed_float32_gradients(B, H, name, params
         np.testing.assert_array_equal(t.view(torch.int16).numpy().view(np.uint16), b)
     if name == "fixed":  # the summary head's other keys: dk rows of zeros
         assert (words[1] == 0).all(axis=-1).any()
+
+
+@needs_bf16_products
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(blocks=st.integers(1, 6), heads=st.lists(st.sampled_from([0.0, 0.03, 0.2, 1.0]),
+                                                 min_size=1, max_size=3),
+       seed=st.integers(0, 2**32 - 1), mode=st.sampled_from(["multihead", "merged"]),
+       qrange=st.sampled_from([1, 2, 3, 128]))
+def test_bf16_backward_words_on_random_patterns(blocks, heads, seed, mode, qrange):
+    """Random causal patterns (heads of any density, empty ones included) and ranges of
+    query blocks: the words the backward rounds as it goes are bit for bit
+    :func:`narrow` of its float32 gradients."""
+    import scipy.sparse as sparse
+
+    from sparse_patterns.kernels.cpu import _backward as bw
+    from sparse_patterns.kernels.cpu import backward_bf16
+
+    n, rng = 32 * blocks, np.random.default_rng(seed)
+    pat = sps.Pattern([sparse.csr_matrix(np.tril(rng.random((n, n)) < p)) for p in heads])
+    pl = plan(pat, mode=mode, block=32)
+    w = [(rng.standard_normal((1, 2, n, 32), np.float32).view(np.uint32) >> 16)
+         .astype(np.uint16) for _ in range(5)]
+    lse = rng.standard_normal((1, 2, n)).astype(np.float32) + 3.0
+    before = bw._QRANGE
+    try:
+        bw._QRANGE = qrange
+        wide = backward_bf16(*w[:4], lse, w[4], pl, scale=0.2)
+        words = backward_bf16(*w[:4], lse, w[4], pl, scale=0.2, words=True)
+    finally:
+        bw._QRANGE = before
+    for a, b in zip(wide, words, strict=True):
+        np.testing.assert_array_equal(narrow(a, "bfloat16"), b)
 
 
 @pytest.mark.parametrize("n, d", [(2, 32), (64, 64), (130, 128), (6, 96)])
