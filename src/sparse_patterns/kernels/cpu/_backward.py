@@ -45,10 +45,10 @@ Two implementations of a key block share that frame:
   call by call: median 230 against 252 ms (bf16 145 against 173), strided the same.
 * bf16 inputs where :func:`._bf16.bf16_applies` (:func:`backward_bf16`): the fused
   path on bf16 products, the ``_bf16`` passes of :mod:`._llvm_bwd` (``P`` and ``dS``
-  rounded to bf16 between them, ``q`` and ``dO`` also interleaved by pairs of rows,
-  head by head, in the pass that forms ``delta`` (:func:`._rows._pair_delta_bf16`), the
-  gradients rounded to bf16 as the head finishes them; 5 tiles a chunk); strided 1.4-1.5x
-  and fixed 1.6-1.7x the float32 backward (n = 16,384, AMD Zen 5).
+  rounded to bf16 between them, the rows of ``q`` and ``dO`` that ``dV`` and ``dK`` sum
+  over interleaved by pairs in registers, the gradients rounded to bf16 as the head
+  finishes them; 5 tiles a chunk); strided 1.5-1.6x and fixed 1.7-1.8x the float32
+  backward (n = 16,384, AMD Zen 5).
 * anything else (float64, the exact path that gradcheck uses; other tile sizes;
   other ``d``): :func:`._backward_blas._kblock`, BLAS ``?gemm`` per chunk of tiles
   (:mod:`._blas`) with the probabilities recomputed between the calls.
@@ -84,7 +84,7 @@ from ._llvm_bwd import (
     _tile_ranges,
 )
 from ._pool import _aligned, _buffer
-from ._rows import _delta_rows, _narrow_rows, _pair_delta_bf16, _stats32
+from ._rows import _delta_bf16, _delta_rows, _narrow_rows, _stats32
 from ._schedule import _CHUNK, _backward_items, _backward_order, _block_steps, _finished_blocks
 
 __all__ = ["backward", "backward_bf16"]
@@ -110,7 +110,7 @@ _PREFETCH = True
 def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase, kp, n, p, J,
               scale, col_ptr, col_tile, tile_row, tile_mask, masks, ranges, chunk, kc, qc, doc,
               dqc, lc, dc, mbits, pbuf, sbuf, dkacc, dvacc, roff, rowsrc, rng, qnew,
-              knew, bf, dw, qpr, dopr, qcp, docp, skeys, roffd, ilo,
+              knew, bf, dw, skeys, roffd, ilo,
               ihi, pf):  # pragma: no cover - compiled
     """Key block ``J`` of piece ``p`` for float32, 32-token tiles and ``d`` a multiple of
     16 (of 32 for bf16): the register-blocked passes of :mod:`._llvm_bwd` on chunks of ``chunk`` tiles.
@@ -134,8 +134,7 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
     from memory first); each flag is cleared then.
 
     ``bf`` (bf16 inputs, :func:`backward_bf16`): ``q2, do2, k2, v2`` hold bf16 pairs in
-    float32 words (``dw = d / 2`` of them a row; ``dw = d`` otherwise), ``qpr``, ``dopr`` the same ``q`` and ``dO``
-    interleaved by pairs of rows (``qcp``, ``docp``: of gathered rows); the products are
+    float32 words (``dw = d / 2`` of them a row; ``dw = d`` otherwise); the products are
     ``vdpbf16ps`` (:func:`._llvm_bwd._dscores32_bf16` and the ``_bf16`` passes), ``P``
     and ``dS`` rounded to bf16 between them, ``dS`` by keys in ``skeys``; the
     gradients float32. ``roff`` then counts words, ``roffd`` the float32 ``dq`` rows.
@@ -144,7 +143,6 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
     _wide()
     d = dq.shape[1]
     qf, dof, dqf = q2.reshape(q2.size), do2.reshape(do2.size), dq.reshape(dq.size)
-    qpf, dopf = qpr.reshape(qpr.size), dopr.reshape(dopr.size)
     nb = (n + 31) // 32
     u0 = col_ptr[p * nb + J]
     u1 = col_ptr[p * nb + J + 1]
@@ -186,8 +184,8 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
     _zero(dvacc, 0, 32 * d)
     alpha = np.float32(scale * _LOG2E)
     # with ``pf``, the next key block's rows are asked for while this one computes: its
-    # keys and values now, the rows of its last tile's queries (q, dO, dq, and their
-    # pairs) after this block's first chunk (see _PREFETCH)
+    # keys and values now, the rows of its last tile's queries (q, dO and dq) after this
+    # block's first chunk (see _PREFETCH)
     nI = -1
     if pf and J + 1 < nb and col_ptr[p * nb + J + 2] > col_ptr[p * nb + J + 1]:
         kf, vf = k2.reshape(k2.size), v2.reshape(v2.size)
@@ -206,8 +204,8 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
         gather = False
         for a in range(a0, a1):
             I = tile_row[col_tile[a]]
-            if qstep[I] != 1 or (I + 1) * 32 > n or (bf and qp[I * 32] % 2 != 0):
-                gather = True  # (bf16: qpr pairs even rows with the next)
+            if qstep[I] != 1 or (I + 1) * 32 > n:
+                gather = True
         for a in range(a0, a1):
             t = col_tile[a]
             I = tile_row[t]
@@ -258,19 +256,15 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
             for e in range(32):
                 rng[x0 + e] = ranges[sel, e]
         if gather:
-            qa, doa, dqa, qpa, dopa = qc, doc, dqc, qcp, docp
+            qa, doa, dqa = qc, doc, dqc
             _zero(dqc, 0, nt * 32 * d)
-            if bf:  # the gathered rows by pairs too
-                for x in range(0, nt * 32, 2):
-                    _pair_rows(qcp, x * dw, qc, x * dw, (x + 1) * dw, dw)
-                    _pair_rows(docp, x * dw, doc, x * dw, (x + 1) * dw, dw)
         else:
-            qa, doa, dqa, qpa, dopa = qf, dof, dqf, qpf, dopf
+            qa, doa, dqa = qf, dof, dqf
         if bf:
             _dscores32_bf16(qa, doa, roff, kt, vt, nt * 32, dw, alpha, lc, dc, mbits,
                             np.float32(scale), pbuf, sbuf, skeys)
-            for w in range(2):
-                _dkv32_bf16(pbuf if w == 0 else sbuf, dopa if w == 0 else qpa, roff,
+            for w in range(2):  # q and dO rows interleaved by pairs in registers
+                _dkv32_bf16(pbuf if w == 0 else sbuf, doa if w == 0 else qa, roff,
                             dvacc if w == 0 else dkacc, nt, rng, d)
             _dq32_bf16(skeys, kv, dqa, roffd, nt, rng, d)
         else:
@@ -284,9 +278,6 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
             s0 = base + qp[nI * 32]
             _prefetch(qf, s0 * dw, 32 * dw)
             _prefetch(dof, s0 * dw, 32 * dw)
-            if bf:
-                _prefetch(qpf, s0 * dw, 32 * dw)
-                _prefetch(dopf, s0 * dw, 32 * dw)
             _prefetch(dqf, s0 * d, 32 * d)
         if gather:
             for a in range(a0, a1):
@@ -328,7 +319,7 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
 def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group, qperm, kperm,
               col_ptr, col_tile, tile_row, tile_mask, masks, block, chunk, precise, fused,
               ranges, qstart, qstep, item_ptr, items, item_order, item_rows,
-              T, bf, qpr, dopr, qrange, pf, dq16, dk16, dv16,
+              T, bf, qrange, pf, dq16, dk16, dv16,
               porder):  # pragma: no cover - compiled
     """Every (batch, head) in parallel. A piece with work items (``items[item_ptr[p]:
     item_ptr[p + 1]]``, ranges of its blocks that its tiles do not leave, see
@@ -339,16 +330,14 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
     and dv go to their rows from each key block) and added back to their rows once;
     the others read (``fused``) or gather (:func:`_kblock`) the query rows of each
     chunk of tiles. ``T``: numba's thread count (one set of item buffers each).
-    ``bf``: bf16 inputs as in :func:`_kblock32` (``q2, k2, v2, o2, do2``: words; ``qpr``,
-    ``dopr``: ``T`` heads' rows, one for each thread, where a head's ``q`` and ``dO``
-    are put by pairs of rows when it starts; an item pairs its copies of them).
+    ``bf``: bf16 inputs as in :func:`_kblock32` (``q2, k2, v2, o2, do2``: words).
     ``qrange``: the fused path, over a piece's whole order, runs every key block on
     query blocks ``[r0, r0 + qrange)`` before the next ``r0`` (0: all at once). ``pf``:
     as in :func:`_kblock32`. ``dq16``, ``dk16``, ``dv16`` (bf16 inputs; empty: not
     taken): the gradients narrowed to bf16 words (flat), a head's rows as its last piece
-    finishes them (:func:`._rows._narrow_rows`) or when it is done; ``dq``, ``dk``,
-    ``dv`` then hold ``T`` heads' rows, one for each thread, reused from head to head. ``porder``: the order in which a head runs the pieces
-    (:func:`._schedule._backward_order`)."""
+    finishes them (:func:`._rows._narrow_rows`) or when it is done; ``dq``, ``dk``, ``dv``
+    then hold ``T`` heads' rows, one for each thread, reused from head to head.
+    ``porder``: the order in which a head runs the pieces (:func:`._schedule._backward_order`)."""
     _wide()
     d = dq.shape[1]
     dw = d // 2 if bf else d
@@ -362,7 +351,7 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
     istep = np.ones((1, nb), dtype=qstep.dtype)
     # item buffers of each thread: q, dO, dq (fused) or q, dO, k, v, dq, dk, dv rows
     R = item_rows
-    A = (5 if bf else 3) if fused else 7  # bf16: also q and dO by pairs of rows
+    A = 3 if fused else 7
     items_ib = _aligned(T * A * R * d, q2).reshape((T, A, R, d))
     for bh in prange(BH):
         # the head's rows, from row 0 of each array (its gradients: the thread's rows
@@ -377,12 +366,9 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
         qf, dof, dqf = hq.reshape(hq.size), hdo.reshape(hdo.size), hdq.reshape(hdq.size)
         dkf, dvf = hdk.reshape(hdk.size), hdv.reshape(hdv.size)
         dl = np.empty(n, dt)
-        if bf:  # q and dO by pairs of rows, into the thread's rows, and delta in one pass
-            hqp, hdop = qpr[t0:t0 + n], dopr[t0:t0 + n]
-            _pair_delta_bf16(qf, dof, ho.reshape(ho.size), hqp.reshape(hqp.size),
-                             hdop.reshape(hdop.size), n, dw, dl)
+        if bf:
+            _delta_bf16(dof, ho.reshape(ho.size), n, dw, dl)
         else:
-            hqp, hdop = qpr[h0:h0 + n], dopr[h0:h0 + n]
             _delta_rows(hdo, ho, 0, n, dl, precise)
         g = (bh % H) % G
         l2 = np.empty(n if fused else 0, dt)  # the fused path's statistics (see _kblock32)
@@ -411,8 +397,6 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
         rowsrc = np.empty(max(chunk * block, c32, block), np.int64)
         roff = np.empty(c32, np.int64)
         roffd = np.empty(c32, np.int64)
-        qcp = _aligned(c32 * d if bf else 0, q2)  # bf16: gathered rows by pairs, dS by keys
-        docp = _aligned(c32 * d if bf else 0, q2)
         skeys = _aligned(c32 * 16 if bf else 0, q2)
         rng = np.empty(c32, np.int64)
         ib = items_ib[numba.get_thread_id()]
@@ -426,11 +410,11 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
         lok = np.empty(n if fused else 0, np.uint32)
         # narrowed: the head's last piece, where it runs over ranges of query blocks, rounds
         # the rows each range finishes (while they are in the cache); the others at the end
-        last = -1
+        last, nd = -1, n if narrow else 0
         for p in porder:
             last = p if piece_group[p] == g else last
         inc = narrow and qrange > 0 and last >= 0 and item_ptr[last + 1] == item_ptr[last]
-        qdone, kdone = np.zeros(n if narrow else 0, np.uint8), np.zeros(n if narrow else 0, np.uint8)
+        qdone, kdone = np.zeros(nd, np.uint8), np.zeros(nd, np.uint8)
         jn = 0  # the last piece's key blocks rounded so far
         for p in porder:
             if piece_group[p] != g:
@@ -443,7 +427,6 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                 wl1, wl2, wdl, wok, wqnew = hl1, l2, dl, ok, qnew
                 wqperm, wkperm, wpp, wstart, wstep = qperm, kperm, p, qstart, qstep
                 wqf, wdof, wdqf = qf, dof, dqf
-                wqp, wdop = hqp, hdop
                 wbase, J0, J1 = 0, 0, nb
                 if nit > 0:
                     it = item_ptr[p] + u
@@ -459,10 +442,6 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                         for t in range(o0, o0 + x1 - x0):
                             x = item_order[t]
                             _copy(dst, (x - x0) * dw, src, perm[x] * dw, dw)
-                        if bf:  # and by pairs of rows (x1 - x0 is even)
-                            paired = ib[3 + a].reshape(R * d)
-                            for x in range(0, x1 - x0, 2):
-                                _pair_rows(paired, x * dw, dst, x * dw, (x + 1) * dw, dw)
                     for t in range(o0, o0 + x1 - x0):
                         x = item_order[t]
                         ll[x - x0] = hl1[perm[x]]
@@ -476,7 +455,6 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                     wl1, wl2, wdl, wok, wqnew = ll, ll2, ldl, lok, noflags
                     wqperm, wpp, wstart, wstep = ident, 0, istart, istep
                     wqf, wdof, wdqf = lq.reshape(R * d), ldo.reshape(R * d), ldq.reshape(R * d)
-                    wqp, wdop = ib[3 % A], ib[4 % A]
                     if not fused:
                         wk, wv, wdk, wdv, wkperm = lk, lv, ldk, ldv, ident
                 # fused, over the head's whole order: the key blocks take the query blocks
@@ -495,8 +473,8 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                                       wok, hk, hv, hdk, hdv, 0, kperm[p], n, p, J, scale,
                                       col_ptr, col_tile, tile_row, tile_mask, masks, ranges,
                                       chunk, kc, qc, doc, dqc, lc, dc, mbits, sbuf, dpbuf, dkacc,
-                                      dvacc, roff, rowsrc, rng, wqnew, knew, bf, dw, wqp, wdop,
-                                      qcp, docp, skeys, roffd, r0, r0 + nr, pf)
+                                      dvacc, roff, rowsrc, rng, wqnew, knew, bf, dw, skeys, roffd,
+                                      r0, r0 + nr, pf)
                         else:
                             _kblock(wq, wk, wv, wdo, wl1, wdl, wdq, wdk, wdv, wbase, n, p, wpp,
                                     J, scale, wqperm, wkperm, col_ptr, col_tile, tile_row,
@@ -578,7 +556,7 @@ def backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np
                   _CHUNK32 if fused else int(chunk), q.dtype == np.float64, fused, ranges,
                   *plan.memo("cpu.qsteps", lambda: _block_steps(plan.qperm, plan.block)),
                   *plan.memo("cpu.backward_items", lambda: _backward_items(plan)),
-                  numba.get_num_threads(), False, _flat(q), _flat(do), _QRANGE, _PREFETCH,
+                  numba.get_num_threads(), False, _QRANGE, _PREFETCH,
                   _NO_WORDS, _NO_WORDS, _NO_WORDS,
                   plan.memo("cpu.backward_order", lambda: _backward_order(plan)))
     return dq, dk, dv
@@ -633,8 +611,6 @@ def backward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, ls
     ranges = plan.memo("cpu.tile_ranges", lambda: _tile_ranges(plan.masks))
     with single_threaded_blas(), _threads_for(2.5 * plan.flops(B, H, d)[1]):
         T = numba.get_num_threads()
-        # each thread's rows of q and dO by pairs of rows (dV += P^T dO, dK += dS^T Q)
-        pairs = [_buffer((T * n, d // 2), np.float32) for _ in range(2)]
         rows = T * n if words else B * H * n  # float32 gradient rows: the threads' or all
         dq, dk, dv = (_buffer((rows, d), np.float32) for _ in range(3))
         out = [_buffer((B * H * n * d,), np.uint16) if words else _NO_WORDS for _ in range(3)]
@@ -644,7 +620,7 @@ def backward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, ls
                   plan.tile_mask, plan.masks, plan.block, _CHUNK16, False, True, ranges,
                   *plan.memo("cpu.qsteps", lambda: _block_steps(plan.qperm, plan.block)),
                   *plan.memo("cpu.backward_items", lambda: _backward_items(plan)),
-                  T, True, *pairs, _QRANGE, _PREFETCH, *out,
+                  T, True, _QRANGE, _PREFETCH, *out,
                   plan.memo("cpu.backward_order", lambda: _backward_order(plan)))
     grads = out if words else (dq, dk, dv)
     return tuple(g.reshape(q.shape) for g in grads)

@@ -2,8 +2,9 @@
 (:func:`_permute_rows`, :func:`_permute_residue`) for a piece whose key blocks are
 reordered once per call, and bf16 rows interleaved by pairs (:func:`_permute_rows_paired`,
 :func:`paired`) for the bf16 products of :mod:`._llvm_fwd` and :mod:`._llvm_bwd`, in
-parallel; the backward's row sums ``delta`` of one head (:func:`_delta_rows`; bf16:
-with its pairs of rows, :func:`_pair_delta_bf16`) and its statistics in base-2 units (:func:`_stats32`).
+parallel; the backward's row sums ``delta`` of one head (:func:`_delta_rows`,
+:func:`_delta_bf16`), its statistics in base-2 units
+(:func:`_stats32`) and its gradient rows rounded to bf16 (:func:`_narrow_rows`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ._llvm import _FM, _LOG2E, _copy, _dot_bf16, _pair_rows, _wide, _zero
 from ._pool import _buffer
 
 __all__ = ["_permute_rows", "_permute_rows_paired", "_permute_residue", "paired", "_delta_rows",
-           "_pair_delta_bf16", "_narrow_rows", "_stats32"]
+           "_delta_bf16", "_narrow_rows", "_stats32"]
 
 
 @numba.njit(parallel=True, cache=True)
@@ -127,29 +128,26 @@ def _delta_rows(do2, o2, base, n, out, precise):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, fastmath=_FM)
-def _pair_delta_bf16(q, do, o, qp, dop, n, dw, out):  # pragma: no cover - compiled
-    """One head's ``q`` and ``dO`` interleaved by pairs of rows into ``qp``, ``dop``
-    (:func:`._llvm._pair_rows`: rows ``2i`` and ``2i + 1``) and its ``delta`` (``out[i]
-    = sum_c dO[i, c] O[i, c]``, :func:`._llvm._dot_bf16`) in the same pass over ``dO``,
-    while its rows are in L1. Flat float32 arrays of bf16 pairs, ``n`` rows of ``dw``
-    words (``n`` even, ``dw`` a multiple of 16) from word 0. Strided bf16 backward,
-    n = 16,384, B = 1, H = 8, d = 64 (AMD Zen 5, 7 pairs of processes alternated, 10
-    calls each): min 39.2-42.0 ms against 41.4-45.5 for the pairing followed by a
-    separate ``delta`` pass (which widened 64 rows at a time into float32 buffers)."""
-    for x in range(0, n, 2):
-        _pair_rows(qp, x * dw, q, x * dw, (x + 1) * dw, dw)
-        _pair_rows(dop, x * dw, do, x * dw, (x + 1) * dw, dw)
-        out[x] = _dot_bf16(do, x * dw, o, x * dw, dw)
-        out[x + 1] = _dot_bf16(do, (x + 1) * dw, o, (x + 1) * dw, dw)
+def _delta_bf16(do, o, n, dw, out):  # pragma: no cover - compiled
+    """One head's ``delta`` from bf16 rows: ``out[i] = sum_c dO[i, c] O[i, c]``
+    (:func:`._llvm._dot_bf16`, the halves widened in registers), flat float32 arrays of
+    bf16 pairs, ``n`` rows of ``dw`` words (a multiple of 16) from word 0. Strided bf16
+    backward, n = 16,384, B = 1, H = 8, d = 64 (AMD Zen 5, 7 pairs of processes
+    alternated, 10 calls each), with the pairing of q and dO then in the same pass: min
+    39.2-42.0 ms against 41.4-45.5 for a pass that widened 64 rows at a time into float32
+    buffers."""
+    for i in range(n):
+        out[i] = _dot_bf16(do, i * dw, o, i * dw, dw)
 
 
 @numba.njit(cache=True, fastmath=_FM)
 def _narrow_rows(perm, x0, x1, new, done, d, bf, w0, a, a16, b, b16):  # pragma: no cover - compiled
     """Rows ``perm[x]``, ``x0 <= x < x1``, of the flat float32 gradient rows ``a`` (and
     ``b`` unless empty) rounded to bf16 (``bf``) or IEEE-half words into ``a16``
-    (``b16``) from word ``w0`` on (row ``i`` at ``w0 + i d``), each row once: ``done`` is set for it, a row already done is skipped.
-    A row whose flag ``new`` is still set (no tile wrote it: a key or query that no
-    tile reaches) is zeroed first and its flag cleared. ``d`` elements a row; runs of
+    (``b16``) from word ``w0`` on (row ``i`` at ``w0 + i d``), each row once: ``done``
+    is set for it, a row already done is skipped. A row whose flag ``new`` is still set
+    (no tile wrote it: a key or query that no tile reaches) is zeroed first and its
+    flag cleared. ``d`` elements a row; runs of
     consecutive rows are rounded in one pass."""
     a16, b16 = a16[w0:], b16[w0:]
     x = x0
