@@ -414,9 +414,9 @@ def test_half_outputs_in_recycled_arrays_stay_the_callers(kind):
 @needs_bf16_products
 def test_bf16_products_key_runs_from_an_odd_token(monkeypatch):
     """A piece whose key blocks are runs of tokens that start at an odd token (summary
-    keys 0..31 and 33..64 of two documents), which the values' pairs of rows do not
-    fit: its rows are paired as they are copied. Golden failure before that: outputs
-    off by 2.4."""
+    keys 0..31 and 33..64 of two documents): a ``P V`` step pairs keys 2p and 2p + 1 of
+    the run, whatever their tokens. Golden failure of a layout that paired even tokens
+    with the next: outputs off by 2.4."""
     monkeypatch.setenv("SPARSE_PATTERNS_BF16", "products")
     pat = sps.make("global_tokens", 128, tokens=32, documents=[33, 95])
     assert 33 in sps.plan(pat, mode="multihead").kperm[0][32:64]

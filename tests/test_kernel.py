@@ -401,7 +401,7 @@ def test_pieces_run_head_by_head_match_the_oracle(heads_per_run, dtype, mode, mo
     calls = []
 
     def spy(*args):
-        calls.append((args[8], args[9], args[-2]))  # bh0, bh1, nt
+        calls.append((args[7], args[8], args[-2]))  # bh0, bh1, nt
         return piece(*args)
 
     piece = fw._forward_piece

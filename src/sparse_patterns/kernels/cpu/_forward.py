@@ -46,7 +46,6 @@ from ._llvm import (
     _LOG2E,
     _copy,
     _copy_nt,
-    _pair_rows,
     _prefetch,
     _transpose16,
     _wide,
@@ -63,7 +62,7 @@ from ._llvm_fwd import (
     _scores32_bf16,
 )
 from ._pool import _aligned, _buffer, _thread_buffers, _views
-from ._rows import _permute_residue, _permute_rows, _permute_rows_paired, paired
+from ._rows import _permute_residue, _permute_rows
 from ._schedule import (
     _CHUNK,
     _CHUNK_FUSED,
@@ -106,7 +105,7 @@ _PREFETCH = True
 
 
 @numba.njit(cache=True, fastmath=_FM)
-def _qblock(q1, k1, v1, vi1, o1, m1, l1, base, kbase, n, d, dw, bf, p, I, scale, first, last, qmap,
+def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, dw, bf, p, I, scale, first, last, qmap,
             kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks, maskt, grows, fused,
             pf, block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum,
             alpha, roff):  # pragma: no cover - compiled
@@ -119,11 +118,9 @@ def _qblock(q1, k1, v1, vi1, o1, m1, l1, base, kbase, n, d, dw, bf, p, I, scale,
     output in place, ``m1`` becoming the log-sum-exp.
 
     A row of ``q1, k1, v1`` is ``dw`` elements: ``d``, or with ``bf`` (bf16 inputs,
-    :func:`forward_bf16`) ``d / 2`` float32 words each holding two bf16; then ``vi1``
-    holds the values interleaved by pairs of rows (:func:`._rows.paired`), read where a
-    chunk's keys are used in place, while ``v1``'s rows are paired here where they are
-    copied (for floats ``vi1`` is ``v1``). Every chunk of a bf16 block is whole 32-token
-    tiles (see :func:`._bf16.bf16_applies`). ``pf``: a block used in place asks for the
+    :func:`forward_bf16`) ``d / 2`` float32 words each holding two bf16 (``P V`` pairs
+    value rows in registers). Every chunk of a bf16 block is whole 32-token tiles (see
+    :func:`._bf16.bf16_applies`). ``pf``: a block used in place asks for the
     next block's rows (:data:`_PREFETCH`)."""
     _wide()
     nb = (n + block - 1) // block
@@ -199,10 +196,8 @@ def _qblock(q1, k1, v1, vi1, o1, m1, l1, base, kbase, n, d, dw, bf, p, I, scale,
                 run = False
             if tile_mask[t] >= 0:
                 dense = False
-        if bf and (kbase + kstart[J0]) % 2 != 0:
-            run = False  # vi1 pairs even rows with the next: paired here instead (copied)
         if run:  # contiguous key rows, used in place
-            ka, va, koff = k1, vi1, (kbase + kstart[J0]) * dw
+            ka, va, koff = k1, v1, (kbase + kstart[J0]) * dw
             nk = min(n, (J0 + c1 - c0) * block) - J0 * block
         else:
             nk = 0
@@ -212,14 +207,7 @@ def _qblock(q1, k1, v1, vi1, o1, m1, l1, base, kbase, n, d, dw, bf, p, I, scale,
                 for x in range(cols):
                     src = (kbase + kperm_used[J * block + x]) * dw
                     _copy(kbuf, (nk + x) * dw, k1, src, dw)
-                    if not bf:
-                        _copy(vbuf, (nk + x) * d, v1, src, d)
-                    elif x % 2 == 0:  # a pair of value rows: as paired in vi1, else paired here
-                        nxt = kperm_used[J * block + x + 1]
-                        if nxt == kperm_used[J * block + x] + 1 and (kbase + nxt) % 2 == 1:
-                            _copy(vbuf, (nk + x) * dw, vi1, src, d)
-                        else:
-                            _pair_rows(vbuf, (nk + x) * dw, v1, src, (kbase + nxt) * dw, dw)
+                    _copy(vbuf, (nk + x) * dw, v1, src, dw)
                 nk += cols
             ka, va, koff = kbuf, vbuf, 0
         # scores, transposed: st (nk keys x rows queries, row-major) = scale K Q^T
@@ -296,7 +284,7 @@ def _qblock(q1, k1, v1, vi1, o1, m1, l1, base, kbase, n, d, dw, bf, p, I, scale,
                     kn = (kbase + kstart[Jn]) * dw
                     cn = min(block, n - Jn * block) * dw
                     _prefetch(k1, kn, cn)
-                    _prefetch(vi1, kn, cn)
+                    _prefetch(v1, kn, cn)
         else:
             for r in range(rows):
                 a = alpha[r]
@@ -345,7 +333,7 @@ def _share(ptr, it, u, parts):  # pragma: no cover - compiled
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
-def _forward_piece(q1, k1, v1, vi1, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G, g, p, first,
+def _forward_piece(q1, k1, v1, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G, g, p, first,
                    last, qperm, kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col,
                    tile_mask, masks, maskt, grows, fused, pf, block, chunk, seg, precise, nt, T):  # pragma: no cover - compiled
     """Piece ``p`` (softmax group ``g``) of every (batch, head) ``bh0 <= bh < bh1`` whose
@@ -356,8 +344,8 @@ def _forward_piece(q1, k1, v1, vi1, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scal
     and value rows (token ``kperm_used[x]`` for position ``x``), and its query rows
     and softmax state, into buffers of its own, in which the piece's order is
     contiguous. ``copies`` (from :func:`_copy_orders`) lists, per work item, the
-    positions to copy in the order that moves rows fastest. ``vi1, dw, bf``: as in
-    :func:`_qblock` (bf16: a work item pairs the value rows it copies as it copies them).
+    positions to copy in the order that moves rows fastest. ``dw, bf``: as in
+    :func:`_qblock`.
     ``nt``: a work item stores its state back with non-temporal stores."""
     _wide()
     n = m1.shape[0] // BH
@@ -400,11 +388,7 @@ def _forward_piece(q1, k1, v1, vi1, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scal
                 _copy(kl, (x - x0) * dw, k1, (base + kperm_used[x]) * dw, dw)
             for t in range(kptr[it], kptr[it + 1]):
                 x = korder[t]
-                if not bf:
-                    _copy(vl, (x - x0) * d, v1, (base + kperm_used[x]) * d, d)
-                elif (x - x0) % 2 == 0:  # the item's key range is whole pairs (x0, n even)
-                    _pair_rows(vl, (x - x0) * dw, v1, (base + kperm_used[x]) * dw,
-                               (base + kperm_used[x + 1]) * dw, dw)
+                _copy(vl, (x - x0) * dw, v1, (base + kperm_used[x]) * dw, dw)
             y0 = I0 * block
             qp = qperm[p]
             ql, ol = wql[tid, 0], wql[tid, 1]
@@ -434,7 +418,7 @@ def _forward_piece(q1, k1, v1, vi1, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scal
                         _prefetch(v1, src, dw)
                     for t in range(_share(qptr, it2, u, nbk), _share(qptr, it2, u + 1, nbk)):
                         _prefetch(q1, (base2 + qp[qorder[t]]) * dw, dw)
-                _qblock(ql, kl, vl, vl, ol, ml, ll, -y0, -x0, n, d, dw, bf, p, I, scale, first, last,
+                _qblock(ql, kl, vl, ol, ml, ll, -y0, -x0, n, d, dw, bf, p, I, scale, first, last,
                         local, local, lstart, lstep, tile_ptr, tile_col, tile_mask, masks,
                         maskt, grows, fused, False,
                         block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
@@ -450,7 +434,7 @@ def _forward_piece(q1, k1, v1, vi1, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scal
                 l1[i] = ll[y - y0]
         else:
             for I in range(I0, I1):
-                _qblock(q1, k1, v1, vi1, o1, m1, l1, base, base, n, d, dw, bf, p, I, scale, first, last,
+                _qblock(q1, k1, v1, o1, m1, l1, base, base, n, d, dw, bf, p, I, scale, first, last,
                         qperm[p], kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks,
                         maskt, grows, fused, pf,
                         block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
@@ -459,7 +443,7 @@ def _forward_piece(q1, k1, v1, vi1, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scal
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
-def _forward_pair(q1, ka, va, via, kb, vb, vib, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
+def _forward_pair(q1, ka, va, kb, vb, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
                   g, pa, pb, first, last, qperm, kpa, kta, ksa, kpb, ktb, ksb, tile_ptr, tile_col,
                   tile_mask, masks, maskt, grows, fused, pf, block, chunk, seg, precise, T):  # pragma: no cover - compiled
     """Pieces ``pa`` then ``pb`` of softmax group ``g``, one after the other on each
@@ -468,8 +452,8 @@ def _forward_pair(q1, ka, va, via, kb, vb, vib, o1, m1, l1, BH, bh0, bh1, H, d, 
     ``m1``, ``l1``) goes from one piece to the next while still in the cache, instead
     of through memory a whole call later. ``pa`` reads keys and values ``ka, va`` (its
     ``kperm_used, kstart, kstep``: ``kpa, kta, ksa``), ``pb`` reads ``kb, vb`` (``kpb,
-    ktb, ksb``); ``first``: ``pa`` starts the group; ``last``: ``pb`` ends it. ``via, vib,
-    dw, bf``: as in :func:`_qblock`."""
+    ktb, ksb``); ``first``: ``pa`` starts the group; ``last``: ``pb`` ends it. ``dw, bf``:
+    as in :func:`_qblock`."""
     _wide()
     n = m1.shape[0] // BH
     nb = (n + block - 1) // block
@@ -482,10 +466,10 @@ def _forward_pair(q1, ka, va, via, kb, vb, vib, o1, m1, l1, BH, bh0, bh1, H, d, 
         own = _views(bufs, numba.get_thread_id())
         base = bh * n
         for I in range((w % nseg) * seg, min(nb, (w % nseg + 1) * seg)):
-            _qblock(q1, ka, va, via, o1, m1, l1, base, base, n, d, dw, bf, pa, I, scale, first, False,
+            _qblock(q1, ka, va, o1, m1, l1, base, base, n, d, dw, bf, pa, I, scale, first, False,
                     qperm[pa], kpa, kta, ksa, tile_ptr, tile_col, tile_mask, masks, maskt, grows,
                     fused, pf, block, chunk, precise, *own)
-            _qblock(q1, kb, vb, vib, o1, m1, l1, base, base, n, d, dw, bf, pb, I, scale, False, last,
+            _qblock(q1, kb, vb, o1, m1, l1, base, base, n, d, dw, bf, pb, I, scale, False, last,
                     qperm[pb], kpb, ktb, ksb, tile_ptr, tile_col, tile_mask, masks, maskt, grows,
                     fused, pf, block, chunk, precise, *own)
 
@@ -507,7 +491,6 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
         m1.reshape(BH, -1)[empty] = -np.inf
     l1 = np.empty_like(m1)
     kp1 = vp1 = None
-    vi1 = paired(v1, BH, n, dw) if bf else v1
     # 32-token float32 tiles: scores, masks and column max in one pass (_scores32)
     fused = block == 32 and not precise
     maskt = plan.memo("cpu.masks_t", lambda: _masks_t(plan)) if fused else _NO_MASKS
@@ -528,7 +511,7 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
         bh1 = min(BH, bh0 + hc)
         pending = None  # a piece held back to run together with the next one (_forward_pair)
         for (p, first, last, span, items, reorder, kt, ks, kperm_used, copies, pair) in steps:
-            kq, vq, viq = k1, v1, vi1
+            kq, vq = k1, v1
             if reorder is not None:  # the used key blocks put in the piece's order (hc = BH)
                 if kp1 is None:  # one buffer pair reused by the pieces
                     kp1, vp1 = _buffer(k1.shape, k1.dtype), _buffer(v1.shape, v1.dtype)
@@ -537,26 +520,24 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
                     _permute_residue(k1, s, BH, n, dw, kp1)
                 else:
                     _permute_rows(k1, plan.kperm, p, BH, rows, dw, kp1)
-                if bf:  # the values straight into pairs: all the reordered piece reads of them
-                    _permute_rows_paired(v1, plan.kperm, p, BH, rows, dw, vp1)
-                elif s > 0:
+                if s > 0:
                     _permute_residue(v1, s, BH, n, dw, vp1)
                 else:
                     _permute_rows(v1, plan.kperm, p, BH, rows, dw, vp1)
-                kq, vq, viq = kp1, vp1, vp1
+                kq, vq = kp1, vp1
             if pair:
-                pending = (p, first, kperm_used, kt, ks, kq, vq, viq)
+                pending = (p, first, kperm_used, kt, ks, kq, vq)
                 continue
             if pending is not None:
-                pa, pfirst, kpa, kta, ksa, ka, va, via = pending
+                pa, pfirst, kpa, kta, ksa, ka, va = pending
                 pending = None
-                _forward_pair(q1, ka, va, via, kq, vq, viq, o1, m1, l1, BH, bh0, bh1, H, d, dw,
+                _forward_pair(q1, ka, va, kq, vq, o1, m1, l1, BH, bh0, bh1, H, d, dw,
                               bf, scale, G, groups[p], pa, p, pfirst, last, plan.qperm, kpa,
                               kta, ksa, kperm_used, kt, ks, plan.tile_ptr, plan.tile_col,
                               plan.tile_mask, plan.masks, maskt, grows, fused, _PREFETCH, block,
                               chunk, items, precise, T)
                 continue
-            _forward_piece(q1, kq, vq, viq, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
+            _forward_piece(q1, kq, vq, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
                            groups[p], p, first, last, plan.qperm, kperm_used, kt, ks, span,
                            copies, plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks,
                            maskt, grows, fused, _PREFETCH, block, chunk, items, precise, hc == BH,

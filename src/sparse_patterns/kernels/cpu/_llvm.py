@@ -42,7 +42,7 @@ __all__ = [
     "_FM", "_LOG2E", "_AVX512", "_AVX512_BF16", "_EXP2_POLY", "_EXP2_POLY_BF16", "_wide",
     "_copy", "_copy_nt", "_zero", "_prefetch", "_pair_rows", "_dot_bf16", "_bits_to_f32", "_exp2f",
     "_transpose16", "_splat", "_BFloat", "_bf16_dot", "_mac", "_bf16_ok", "_emit_exp2",
-    "_pack_bf16", "_cat_bf16",
+    "_pack_bf16", "_cat_bf16", "_row_pairs",
 ]
 
 _LOG2E = 1.4426950408889634
@@ -397,6 +397,33 @@ def _emit_exp2(builder, x, poly=_EXP2_POLY):
     y = builder.fmul(y, builder.bitcast(e, vt))
     other = builder.select(builder.fcmp_unordered("uno", x, x), x, const(0.0))
     return builder.select(builder.fcmp_ordered(">=", x, lo), y, other)
+
+
+def _row_pairs(builder, sp, ra, rb, c0, W, vt):
+    """IR: ``W`` vectors (of type ``vt``) of columns ``c0 .. c0 + 16 W`` (``c0`` a
+    multiple of 16, of 32 when ``W > 1``) of two rows of bf16 words that start at word
+    offsets ``ra`` and ``rb`` of ``sp``, interleaved: lane ``c`` holds column ``c0 + c``
+    of the first row, then of the second, the operand of a ``vdpbf16ps`` whose pairs run
+    over the two rows. 32 columns are one 64-byte load from each row and two shuffles
+    (:func:`_pair_rows`'s), in registers instead of a pass that writes paired rows."""
+    i64 = ir.IntType(64)
+    ht = ir.VectorType(ir.IntType(16), 32)
+    masks = [ir.Constant(ir.VectorType(ir.IntType(32), 32), [y for i in range(h, h + 16)
+                                                               for y in (i, 32 + i)])
+             for h in (0, 16)]
+    out = []
+    for c in range(0, W, 2) if W > 1 else [0]:
+        col = builder.add(c0, i64(16 * c))
+        half = builder.srem(col, i64(32))  # 16: the upper half of a 32-column load
+        word = builder.sdiv(builder.sub(col, half), i64(2))
+        a, b = (builder.load(builder.bitcast(builder.gep(sp, [builder.add(row, word)]),
+                                             ht.as_pointer()), align=4) for row in (ra, rb))
+        lo, hi = (builder.bitcast(builder.shuffle_vector(a, b, m), vt) for m in masks)
+        if W > 1:
+            out += [lo, hi]
+        else:
+            out.append(builder.select(builder.icmp_signed("!=", half, i64(0)), hi, lo))
+    return out
 
 
 def _pack_bf16(builder, lo, hi):

@@ -46,6 +46,7 @@ from ._llvm import (
     _emit_exp2,
     _mac,
     _pack_bf16,
+    _row_pairs,
     _splat,
 )
 
@@ -299,33 +300,6 @@ def _dscores32_bf16(typingctx, q, do, roff, kt, vt, m, dw, alpha, lc, dl, bits, 
                        skeys), _dscores_codegen(True))
 
 
-def _row_pairs(builder, sp, rp, first, c0, W):
-    """IR: ``W`` vectors of columns ``c0 .. c0 + 16 W`` of rows ``first`` and ``first + 1``
-    of bf16 words (rows at word offsets ``rp[first]``, ``rp[first + 1]`` of ``sp``),
-    interleaved: lane ``c`` holds column ``c0 + c`` of the first row, then of the second
-    (the operand of a ``vdpbf16ps`` whose pairs run over the two rows). 32 columns are
-    one 64-byte load from each row and two shuffles (:func:`._llvm._pair_rows`'s), done
-    here instead of in a pass over the rows before: the same bits."""
-    ht = ir.VectorType(ir.IntType(16), 32)
-    masks = [ir.Constant(ir.VectorType(ir.IntType(32), 32), [y for i in range(h, h + 16)
-                                                               for y in (i, 32 + i)])
-             for h in (0, 16)]
-    rows = [builder.load(builder.gep(rp, [builder.add(first, _I64(k))])) for k in (0, 1)]
-    out = []
-    for c in range(0, W, 2) if W > 1 else [0]:
-        col = builder.add(c0, _I64(16 * c))
-        half = builder.srem(col, _I64(32))  # 16: the upper half of a 32-column load
-        word = builder.sdiv(builder.sub(col, half), _I64(2))
-        a, b = (builder.load(builder.bitcast(builder.gep(sp, [builder.add(row, word)]),
-                                             ht.as_pointer()), align=4) for row in rows)
-        lo, hi = (builder.bitcast(builder.shuffle_vector(a, b, m), _VT) for m in masks)
-        if W > 1:
-            out += [lo, hi]
-        else:
-            out.append(builder.select(builder.icmp_signed("!=", half, _I64(0)), hi, lo))
-    return out
-
-
 def _dkv_codegen(bf16: bool):
     """The IR of :func:`_dkv32` and (``bf16``: a step is a pair of rows, interleaved in
     registers) of :func:`_dkv32_bf16`."""
@@ -362,8 +336,10 @@ def _dkv_codegen(bf16: bool):
                         r = builder.add(builder.sdiv(t32, _I64(2)) if bf16 else t32,
                                         builder.add(lo, rl.index))
                         first = builder.mul(r, _I64(2)) if bf16 else r
-                        if bf16:
-                            x = _row_pairs(builder, sp, rp, first, c0, W)
+                        if bf16:  # rows first, first + 1 interleaved in registers
+                            ra, rb = (builder.load(builder.gep(rp, [builder.add(first, _I64(k))]))
+                                      for k in (0, 1))
+                            x = _row_pairs(builder, sp, ra, rb, c0, W, _VT)
                         else:
                             so = builder.add(builder.load(builder.gep(rp, [first])), c0)
                             x = [builder.load(_vec(builder, sp, builder.add(so, _I64(16 * c))),
@@ -400,7 +376,7 @@ def _dkv32_bf16(typingctx, mat, src, roff, acc, nt, rng, d):  # pragma: no cover
     """:func:`_dkv32` on bf16: ``mat`` by pairs of rows (word ``(r/2)*32 + j``, as
     :func:`_dscores32_bf16` stores ``P`` and ``dS``), ``src`` rows of bf16 words at
     ``src[roff[r]]`` (``d / 2`` words), rows ``r`` and ``r + 1`` (``r`` even)
-    interleaved by column in registers (:func:`_row_pairs`), ``acc`` float32; a row
+    interleaved by column in registers (:func:`._llvm._row_pairs`), ``acc`` float32; a row
     range is widened to whole pairs (``mat`` is 0 for the extra row). One ``vdpbf16ps``
     per pair of rows. Reading the rows as they are, instead of copies interleaved by a
     pass over each head (and each work item) first: strided bf16 backward at n = 16,384

@@ -1,10 +1,10 @@
-"""Whole-array row passes of the CPU kernel: rows put in a piece's order
-(:func:`_permute_rows`, :func:`_permute_residue`) for a piece whose key blocks are
-reordered once per call, and bf16 rows interleaved by pairs (:func:`_permute_rows_paired`,
-:func:`paired`) for the bf16 products of :mod:`._llvm_fwd` and :mod:`._llvm_bwd`, in
-parallel; the backward's row sums ``delta`` of one head (:func:`_delta_rows`,
-:func:`_delta_bf16`), its statistics in base-2 units
-(:func:`_stats32`) and its gradient rows rounded to bf16 (:func:`_narrow_rows`).
+"""Row passes of the CPU kernel: rows put in a piece's order (:func:`_permute_rows`,
+:func:`_permute_residue`, in parallel) for a piece whose key blocks are reordered once
+per call; the backward's row sums ``delta`` of one head (:func:`_delta_rows`,
+:func:`_delta_bf16`), its statistics in base-2 units (:func:`_stats32`) and its
+gradient rows rounded to bf16 (:func:`_narrow_rows`). (bf16 rows are no longer
+interleaved by pairs in a pass here: the products pair them in registers,
+:func:`._llvm._row_pairs`.)
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ import numpy as np
 from numba import prange
 
 from ._convert import _narrow16
-from ._llvm import _FM, _LOG2E, _copy, _dot_bf16, _pair_rows, _wide, _zero
-from ._pool import _buffer
+from ._llvm import _FM, _LOG2E, _copy, _dot_bf16, _wide, _zero
 
-__all__ = ["_permute_rows", "_permute_rows_paired", "_permute_residue", "paired", "_delta_rows",
+__all__ = ["_permute_rows", "_permute_residue", "_delta_rows",
            "_delta_bf16", "_narrow_rows", "_stats32"]
 
 
@@ -35,21 +34,6 @@ def _permute_rows(x1, perm, p, BH, rows, d, out1):  # pragma: no cover - compile
             src = (bh * n + perm[p, x]) * d
             dst = (bh * n + x) * d
             _copy(out1, dst, x1, src, d)
-
-
-@numba.njit(parallel=True, cache=True)
-def _permute_rows_paired(x1, perm, p, BH, rows, dw, out1):  # pragma: no cover - compiled
-    """:func:`_permute_rows` of bf16 rows (``dw`` words each) straight into the layout
-    in which the bf16 passes read them: positions ``2y, 2y + 1`` interleaved by
-    :func:`._llvm._pair_rows` (``rows`` even)."""
-    n = perm.shape[1]
-    R = 256  # row pairs per work item
-    per = (rows // 2 + R - 1) // R
-    for u in prange(BH * per):
-        at = (u // per) * n
-        for y in range((u % per) * R, min(rows // 2, (u % per + 1) * R)):
-            _pair_rows(out1, (at + 2 * y) * dw, x1, (at + perm[p, 2 * y]) * dw,
-                       (at + perm[p, 2 * y + 1]) * dw, dw)
 
 
 @numba.njit(parallel=True, cache=True)
@@ -79,24 +63,6 @@ def _permute_residue(x1, s, BH, n, d, out1):  # pragma: no cover - compiled
                     src = (base + t) * d
                     dst = (base + off[r] + g) * d
                     _copy(out1, dst, x1, src, d)
-
-
-def paired(x1: np.ndarray, BH: int, n: int, dw: int) -> np.ndarray:
-    """A recycled array holding the ``BH`` heads of ``n`` rows of ``x1`` (``dw`` words of
-    bf16 pairs a row, ``n`` even) interleaved by pairs of rows: :func:`_permute_rows_paired`
-    in the tokens' own order, the layout in which the bf16 passes read values (forward)
-    and ``q``, ``dO`` (backward).
-
-    Examples
-    --------
-    >>> w = np.arange(2 * 32, dtype=np.uint16).view(np.float32)  # 2 rows of 32 bf16
-    >>> paired(w, 1, 2, 16).view(np.uint16)[:4].tolist()  # row 0, row 1, row 0, row 1
-    [0, 32, 1, 33]
-    """
-    out = _buffer(x1.shape, x1.dtype)
-    _permute_rows_paired(x1.reshape(-1), np.arange(n, dtype=np.int64).reshape(1, n), 0, BH, n,
-                         dw, out.reshape(-1))
-    return out
 
 
 @numba.njit(cache=True, fastmath=_FM)
