@@ -107,7 +107,7 @@ _PREFETCH = True
 
 
 @numba.njit(cache=True, fastmath=_FM)
-def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase, kp, n, p, J,
+def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kp, n, p, J,
               scale, col_ptr, col_tile, tile_row, tile_mask, masks, ranges, chunk, kc, qc, doc,
               dqc, lc, dc, mbits, pbuf, sbuf, dkacc, dvacc, roff, rowsrc, rng, qnew,
               knew, bf, dw, skeys, roffd, ilo,
@@ -115,7 +115,7 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
     """Key block ``J`` of piece ``p`` for float32, 32-token tiles and ``d`` a multiple of
     16 (of 32 for bf16): the register-blocked passes of :mod:`._llvm_bwd` on chunks of ``chunk`` tiles.
 
-    Keys: position ``x`` of the piece's order is row ``kbase + kp[x]`` of ``k2``, ``v2``,
+    Keys: position ``x`` of the piece's order is row ``kp[x]`` of ``k2``, ``v2``,
     ``dk``, ``dv``; the block's ``K`` rows (``kc[:32 d]``), ``K^T`` and ``V^T`` are put in
     ``kc`` once (zero-padded to 32 keys), its ``dk`` and ``dv`` accumulated in
     ``dkacc``, ``dvacc`` and added to their rows at the end. Queries: position ``x`` is
@@ -161,11 +161,11 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
     kt = kc[32 * d: 64 * d]  # K^T and V^T (d x 32): row-major score products
     vt = kc[64 * d: 96 * d]
     for x in range(cols):
-        src = kbase + kp[J * 32 + x]
+        src = kp[J * 32 + x]
         if not bf:
             _copy(kv, x * d, k2, src * d, d)
         elif x % 2 == 0:  # key rows by pairs, for dQ += dS K (cols is 32)
-            _pair_rows(kv, x * dw, k2, src * dw, (kbase + kp[J * 32 + x + 1]) * dw, dw)
+            _pair_rows(kv, x * dw, k2, src * dw, kp[J * 32 + x + 1] * dw, dw)
         rowsrc[x] = src * dw
     if cols == 32:
         for x0 in range(0, 32, 16):
@@ -176,7 +176,7 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
         _zero(kc, cols * d, (32 - cols) * d)
         _zero(kc, 32 * d, 64 * d)
         for x in range(cols):
-            src = kbase + kp[J * 32 + x]
+            src = kp[J * 32 + x]
             for c in range(d):
                 kt[c * 32 + x] = k2[src, c]
                 vt[c * 32 + x] = v2[src, c]
@@ -190,7 +190,7 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
     if pf and J + 1 < nb and col_ptr[p * nb + J + 2] > col_ptr[p * nb + J + 1]:
         kf, vf = k2.reshape(k2.size), v2.reshape(v2.size)
         for x in range(min(32, n - (J + 1) * 32)):
-            src = (kbase + kp[(J + 1) * 32 + x]) * dw
+            src = kp[(J + 1) * 32 + x] * dw
             _prefetch(kf, src, dw)
             _prefetch(vf, src, dw)
         nI = tile_row[col_tile[col_ptr[p * nb + J + 2] - 1]]
@@ -298,13 +298,13 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kbase
     dkf, dvf = dk.reshape(dk.size), dv.reshape(dv.size)
     for x in range(cols):
         j = kp[J * 32 + x]
-        krow, vrow = dk[kbase + j], dv[kbase + j]  # row views: vectorized
+        krow, vrow = dk[j], dv[j]  # row views: vectorized
         ka, va = dkacc[x * d: (x + 1) * d], dvacc[x * d: (x + 1) * d]
         if knew[j]:
             knew[j] = 0
             if whole:
-                _copy_nt(dkf, (kbase + j) * d, dkacc, x * d, d)
-                _copy_nt(dvf, (kbase + j) * d, dvacc, x * d, d)
+                _copy_nt(dkf, j * d, dkacc, x * d, d)
+                _copy_nt(dvf, j * d, dvacc, x * d, d)
             else:
                 for c in range(d):
                     krow[c] = ka[c]
@@ -470,7 +470,7 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                                                          tile_row[col_tile[c0]] >= r0 + nr)):
                                 continue  # no tile of this key block in these query blocks
                             _kblock32(wq, wdo, wdq, wbase, wqperm[wpp], wstep[wpp], wl2, wdl,
-                                      wok, hk, hv, hdk, hdv, 0, kperm[p], n, p, J, scale,
+                                      wok, hk, hv, hdk, hdv, kperm[p], n, p, J, scale,
                                       col_ptr, col_tile, tile_row, tile_mask, masks, ranges,
                                       chunk, kc, qc, doc, dqc, lc, dc, mbits, sbuf, dpbuf, dkacc,
                                       dvacc, roff, rowsrc, rng, wqnew, knew, bf, dw, skeys, roffd,

@@ -400,8 +400,8 @@ def _emit_exp2(builder, x, poly=_EXP2_POLY):
 
 
 def _row_pairs(builder, sp, ra, rb, c0, W, vt):
-    """IR: ``W`` vectors (of type ``vt``) of columns ``c0 .. c0 + 16 W`` (``c0`` a
-    multiple of 16, of 32 when ``W > 1``) of two rows of bf16 words that start at word
+    """IR: ``W`` vectors (of type ``vt``) of columns ``c0 .. c0 + 16 W`` (``W`` 1 or even;
+    ``c0`` a multiple of 16, of 32 when ``W > 1``) of two rows of bf16 words that start at word
     offsets ``ra`` and ``rb`` of ``sp``, interleaved: lane ``c`` holds column ``c0 + c``
     of the first row, then of the second, the operand of a ``vdpbf16ps`` whose pairs run
     over the two rows. 32 columns are one 64-byte load from each row and two shuffles

@@ -97,11 +97,11 @@ def _delta_rows(do2, o2, base, n, out, precise):  # pragma: no cover - compiled
 def _delta_bf16(do, o, n, dw, out):  # pragma: no cover - compiled
     """One head's ``delta`` from bf16 rows: ``out[i] = sum_c dO[i, c] O[i, c]``
     (:func:`._llvm._dot_bf16`, the halves widened in registers), flat float32 arrays of
-    bf16 pairs, ``n`` rows of ``dw`` words (a multiple of 16) from word 0. Strided bf16
-    backward, n = 16,384, B = 1, H = 8, d = 64 (AMD Zen 5, 7 pairs of processes
-    alternated, 10 calls each), with the pairing of q and dO then in the same pass: min
-    39.2-42.0 ms against 41.4-45.5 for a pass that widened 64 rows at a time into float32
-    buffers."""
+    bf16 pairs, ``n`` rows of ``dw`` words (a multiple of 16) from word 0. It replaced a
+    pass that widened 64 rows at a time into float32 buffers (in a commit that also
+    paired q and dO in the same loop, since gone): strided bf16 backward, n = 16,384,
+    B = 1, H = 8, d = 64 (AMD Zen 5, 7 process pairs alternated), min 39.2-42.0 ms
+    against 41.4-45.5."""
     for i in range(n):
         out[i] = _dot_bf16(do, i * dw, o, i * dw, dw)
 
@@ -113,8 +113,7 @@ def _narrow_rows(perm, x0, x1, new, done, d, bf, w0, a, a16, b, b16):  # pragma:
     (``b16``) from word ``w0`` on (row ``i`` at ``w0 + i d``), each row once: ``done``
     is set for it, a row already done is skipped. A row whose flag ``new`` is still set
     (no tile wrote it: a key or query that no tile reaches) is zeroed first and its
-    flag cleared. ``d`` elements a row; runs of
-    consecutive rows are rounded in one pass."""
+    flag cleared. ``d`` elements a row; runs of consecutive rows are rounded in one pass."""
     a16, b16 = a16[w0:], b16[w0:]
     x = x0
     while x < x1:
