@@ -13,8 +13,11 @@ verified exactly and planned (``--time``: also the kernel's forward timed):
    starting the cluster, the workers' imports, the grid, closing it;
 3. on the same kind of cluster already started and warmed (the grid alone).
 
-1 and 3 alternate for ``--rounds`` rounds (a shared machine's load moves); the
-target is 3 at most 0.6x the serial time on a 2-core machine. The serial run keeps
+1 and 3 alternate for ``--rounds`` rounds (a shared machine's load moves), after a
+round 0 of both that is printed but not counted: the first grid of a run, serial and
+cluster alike, was 10-40% slower than the next ones in most runs (the cluster's
+processes just started beside it). The target is 3 at most 0.6x the serial time on a
+2-core machine. The serial run keeps
 more than one core busy (the plan's chunks on a thread pool, numba's parallel loops;
 CPU time over wall time is printed with it), but on this grid the second core buys
 little: the one-thread run's time divided by the workers is the least a cluster of
@@ -31,6 +34,8 @@ import argparse
 import os
 import time
 from typing import Any
+
+import numpy as np
 
 
 def grid() -> tuple[list[str], dict[str, list]]:
@@ -85,16 +90,17 @@ def main() -> None:
     client.run(_warm)
     print(f"cluster start + warm-up of its {args.workers} workers: {time.perf_counter() - t:.2f} s "
           "(not in 1. and 3.)", flush=True)
-    serial_s, warm_s = [], []
+    serial_s, warm_s, ratios = [], [], []
     try:
-        for k in range(args.rounds):  # A/B interleaved: a shared machine's load moves
+        for k in range(args.rounds + 1):  # A/B interleaved: a shared machine's load moves
             t, cpu = time.perf_counter(), time.process_time()
             serial = [run_candidate(r, __version__, measure) for r in recipes]
             serial_s.append(time.perf_counter() - t)
             busy_serial = (time.process_time() - cpu) / serial_s[-1]
+            tag = f"round {k}" if k else "round 0 (warm-up, not counted)"
             bad = sum(r["status"] != "ok" for r in serial)
             one = _one_thread(lambda: [run_candidate(r, __version__, measure) for r in recipes])
-            print(f"round {k + 1}: 1. serial, one process:            {serial_s[-1]:7.2f} s  "
+            print(f"{tag}: 1. serial, one process:            {serial_s[-1]:7.2f} s  "
                   f"({bad} errors; {busy_serial:.2f} cores busy on average); with one thread "
                   f"{one:.2f} s, so {args.workers} one-thread workers can at best take "
                   f"{min(1.0, one / args.workers / serial_s[-1]):.2f}x the serial time",
@@ -102,8 +108,9 @@ def main() -> None:
             t = time.perf_counter()
             res = search(fams, g, args.n, measure=measure, client=client)
             warm_s.append(time.perf_counter() - t)
+            ratios.append(warm_s[-1] / serial_s[-1])
             busy = sum(r["seconds"] for r in res.rows)
-            print(f"round {k + 1}: 3. local cluster, started, warm:   {warm_s[-1]:7.2f} s  = "
+            print(f"{tag}: 3. local cluster, started, warm:   {warm_s[-1]:7.2f} s  = "
                   f"{warm_s[-1] / serial_s[-1]:.2f}x serial; tasks' own time {busy:.2f} s, "
                   f"{(warm_s[-1] * args.workers - busy) / len(res) * 1e3:.1f} ms per task of "
                   "scheduling, transfer and idle tail", flush=True)
@@ -111,6 +118,8 @@ def main() -> None:
                        for a, b in zip(serial, res.rows, strict=True))
             if not same:
                 print("   ROWS DIFFER from the serial ones")
+            if k == 0:  # the warm-up round
+                serial_s, warm_s, ratios = [], [], []
         _overhead(client)
     finally:
         client.close()
@@ -122,7 +131,8 @@ def main() -> None:
     print(f"2. local cluster, end to end (start, imports, grid, close): {t_e2e:.2f} s = "
           f"{t_e2e / min(serial_s):.2f}x the best serial", flush=True)
     print(f"best of {args.rounds}: serial {min(serial_s):.2f} s, cluster {min(warm_s):.2f} s = "
-          f"{min(warm_s) / min(serial_s):.2f}x serial (target <= 0.6x)")
+          f"{min(warm_s) / min(serial_s):.2f}x serial (target <= 0.6x); the rounds' own ratios "
+          f"{', '.join(f'{x:.2f}' for x in ratios)}x, median {float(np.median(ratios)):.2f}x")
     print(f"load average after: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
