@@ -12,10 +12,10 @@ query blocks), the scores of a query tile against a chunk of key tiles are
 computed transposed (keys x queries), the partial tiles masked, the online softmax
 updated with loops vectorized across the queries, and ``P V`` added into the
 tile's output rows. A piece whose blocks are not runs of consecutive tokens (a
-``residue(s)`` order) has each work item copy its queries, keys, values and
-softmax state into buffers of its own, one array at a time in the order of a per-plan
-schedule (:func:`._schedule._copy_orders`: runs of grid rows,
-class by class); if a work item's keys span much more than its queries (summary keys
+``residue(s)`` order) has each work item copy its keys, values and softmax state
+into buffers of its own, one array at a time in the order of a per-plan schedule
+(:func:`._schedule._copy_orders`: runs of grid rows, class by class), its queries read
+where they are into each block's ``Q^T``; if a work item's keys span much more than its queries (summary keys
 put first), the used key blocks are put in the piece's order once per call instead.
 Two consecutive pieces of a group with the same query order that copy nothing (fixed's
 blocks and its summary keys) run block by block in one pass (:func:`_forward_pair`),
@@ -105,14 +105,14 @@ _PREFETCH = True
 
 
 @numba.njit(cache=True, fastmath=_FM)
-def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, dw, bf, p, I, scale, first, last, qmap,
-            kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks, maskt, grows, fused,
+def _qblock(q1, qbase, qrows, k1, v1, o1, m1, l1, base, kbase, n, d, dw, bf, p, I, scale, first,
+            last, qmap, kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks, maskt, grows, fused,
             pf, block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum,
             alpha, roff):  # pragma: no cover - compiled
     """Query block ``I`` of piece ``p`` for one (batch, head): continues the online
     softmax of its queries over chunks of tiles. Position ``x`` of the piece's order
-    is row ``base + qmap[x]`` of ``q1`` and of the state, and its key and value row
-    ``kbase + kperm_used[x]``. Between pieces of one softmax group the state of each
+    is row ``qbase + qrows[x]`` of ``q1``, row ``base + qmap[x]`` of the state, and its key
+    and value row ``kbase + kperm_used[x]``. Between pieces of one softmax group the state of each
     token lives in ``m1`` (running max), ``l1`` (running sum) and ``o1`` (unnormalized output);
     the ``first`` piece of a group starts it, the ``last`` one normalizes ``o1`` into the
     output in place, ``m1`` becoming the log-sum-exp.
@@ -167,13 +167,13 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, dw, bf, p, I, scale, firs
     if t0 < t1:  # Q^T (d x rows): the score product is then a fast NN gemm
         if rows % 16 == 0 and d % 16 == 0:
             for r in range(rows):
-                roff[r] = (base + qmap[x0 + r]) * dw
+                roff[r] = (qbase + qrows[x0 + r]) * dw
             for r0 in range(0, rows, 16):
                 for c0 in range(0, dw, 16):
                     _transpose16(q1, roff, r0, c0, qbuf, c0 * rows + r0, rows)
         else:
             for r in range(rows):
-                src = (base + qmap[x0 + r]) * d
+                src = (qbase + qrows[x0 + r]) * d
                 for c in range(d):
                     qbuf[c * rows + r] = q1[src + c]
     # with ``pf``, a block in place asks for the next block's rows (of a piece in token
@@ -184,7 +184,7 @@ def _qblock(q1, k1, v1, o1, m1, l1, base, kbase, n, d, dw, bf, p, I, scale, firs
     if pf and inplace and I + 1 < nb:
         nq = base + qmap[x0 + block]
         nrows = min(block, n - (I + 1) * block)
-        _prefetch(q1, nq * dw, nrows * dw)
+        _prefetch(q1, (qbase + qrows[x0 + block]) * dw, nrows * dw)
     for c0 in range(t0, t1, chunk):
         c1 = min(t1, c0 + chunk)
         J0 = tile_col[c0]
@@ -341,9 +341,9 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
 
     ``span > 0``: the key blocks of a work item's tiles lie within ``span``
     consecutive blocks of the piece's order; each work item then copies those key
-    and value rows (token ``kperm_used[x]`` for position ``x``), and its query rows
-    and softmax state, into buffers of its own, in which the piece's order is
-    contiguous. ``copies`` (from :func:`_copy_orders`) lists, per work item, the
+    and value rows (token ``kperm_used[x]`` for position ``x``), and its softmax state,
+    into buffers of its own, in which the piece's order is contiguous; its query rows are
+    read where they are, once a block (into ``Q^T``). ``copies`` (from :func:`_copy_orders`) lists, per work item, the
     positions to copy in the order that moves rows fastest. ``dw, bf``: as in
     :func:`_qblock`.
     ``nt``: a work item stores its state back with non-temporal stores."""
@@ -360,7 +360,7 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
     nkl = span * block if span > 0 else 0
     nql = seg * block if span > 0 else 0
     wkl = _aligned(T * 2 * nkl * d, q1).reshape((T, 2, nkl * d))
-    wql = _aligned(T * 2 * nql * d, q1).reshape((T, 2, nql * d))
+    wol = _aligned(T * nql * d, q1).reshape((T, nql * d))
     wml = _aligned(T * 2 * nql, q1).reshape((T, 2, nql))
     # a work item's state goes back to rows of ``o1`` scattered in runs of a few: with
     # ``nt`` (every head in one call: the next piece reads the state from memory either
@@ -377,8 +377,10 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
         I1 = min(nb, I0 + seg)
         base = bh * n
         if span > 0:
-            # this work item's keys, values, queries and softmax state, copied into
-            # buffers of its own (one array at a time: see _copy_orders)
+            # this work item's keys, values and softmax state, copied into buffers of its
+            # own (one array at a time: see _copy_orders); its query rows are transposed
+            # into Q^T from where they are, block by block (each row is read once either
+            # way; copied first, the strided forward at n = 16,384 was about 1% slower)
             kx0, kptr, korder, qptr, qorder = copies
             it = w % nseg
             x0 = kx0[it]
@@ -391,11 +393,8 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
                 _copy(vl, (x - x0) * dw, v1, (base + kperm_used[x]) * dw, dw)
             y0 = I0 * block
             qp = qperm[p]
-            ql, ol = wql[tid, 0], wql[tid, 1]
+            ol = wol[tid]
             ml, ll = wml[tid, 0], wml[tid, 1]
-            for t in range(qptr[it], qptr[it + 1]):
-                y = qorder[t]
-                _copy(ql, (y - y0) * dw, q1, (base + qp[y]) * dw, dw)
             if not first:
                 for t in range(qptr[it], qptr[it + 1]):
                     y = qorder[t]
@@ -418,8 +417,8 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
                         _prefetch(v1, src, dw)
                     for t in range(_share(qptr, it2, u, nbk), _share(qptr, it2, u + 1, nbk)):
                         _prefetch(q1, (base2 + qp[qorder[t]]) * dw, dw)
-                _qblock(ql, kl, vl, ol, ml, ll, -y0, -x0, n, d, dw, bf, p, I, scale, first, last,
-                        local, local, lstart, lstep, tile_ptr, tile_col, tile_mask, masks,
+                _qblock(q1, base, qp, kl, vl, ol, ml, ll, -y0, -x0, n, d, dw, bf, p, I, scale,
+                        first, last, local, local, lstart, lstep, tile_ptr, tile_col, tile_mask, masks,
                         maskt, grows, fused, False,
                         block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
                         msub, csum, alpha, roff)
@@ -434,8 +433,8 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
                 l1[i] = ll[y - y0]
         else:
             for I in range(I0, I1):
-                _qblock(q1, k1, v1, o1, m1, l1, base, base, n, d, dw, bf, p, I, scale, first, last,
-                        qperm[p], kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks,
+                _qblock(q1, base, qperm[p], k1, v1, o1, m1, l1, base, base, n, d, dw, bf, p, I,
+                        scale, first, last, qperm[p], kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks,
                         maskt, grows, fused, pf,
                         block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
                         msub, csum, alpha, roff)
@@ -466,11 +465,11 @@ def _forward_pair(q1, ka, va, kb, vb, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, sc
         own = _views(bufs, numba.get_thread_id())
         base = bh * n
         for I in range((w % nseg) * seg, min(nb, (w % nseg + 1) * seg)):
-            _qblock(q1, ka, va, o1, m1, l1, base, base, n, d, dw, bf, pa, I, scale, first, False,
-                    qperm[pa], kpa, kta, ksa, tile_ptr, tile_col, tile_mask, masks, maskt, grows,
+            _qblock(q1, base, qperm[pa], ka, va, o1, m1, l1, base, base, n, d, dw, bf, pa, I,
+                    scale, first, False, qperm[pa], kpa, kta, ksa, tile_ptr, tile_col, tile_mask, masks, maskt, grows,
                     fused, pf, block, chunk, precise, *own)
-            _qblock(q1, kb, vb, o1, m1, l1, base, base, n, d, dw, bf, pb, I, scale, False, last,
-                    qperm[pb], kpb, ktb, ksb, tile_ptr, tile_col, tile_mask, masks, maskt, grows,
+            _qblock(q1, base, qperm[pb], kb, vb, o1, m1, l1, base, base, n, d, dw, bf, pb, I,
+                    scale, False, last, qperm[pb], kpb, ktb, ksb, tile_ptr, tile_col, tile_mask, masks, maskt, grows,
                     fused, pf, block, chunk, precise, *own)
 
 
