@@ -368,6 +368,74 @@ def test_bf16_backward_words_on_random_patterns(blocks, heads, seed, mode, qrang
         np.testing.assert_array_equal(narrow(a, "bfloat16"), b)
 
 
+def _nan_filled(shape: tuple, dtype) -> np.ndarray:
+    """An array of NaN (float) or NaN bf16 words (``uint16``), for ``_buffer``: a row
+    the kernel leaves unwritten then shows."""
+    dtype = np.dtype(dtype)
+    return np.full(shape, 0x7FC1 if dtype.kind in "iu" else np.nan, dtype)
+
+
+@needs_bf16_products
+@pytest.mark.parametrize(("B", "H", "name", "params", "mode"), [
+    (1, 2, "strided", {"stride": 40}, "merged"),  # last piece in place (the window)
+    (2, 3, "strided", {"stride": 40}, "multihead"),  # a copied piece that is first and last
+    (1, 2, "fixed", {"stride": 64, "c": 8}, "merged"),  # a copied last piece
+    (1, 4, "fixed", {"stride": 64, "c": 8}, "multihead"),
+    (1, 1, "dilated", {"window": 64}, "merged"),  # one copied piece
+    (1, 3, "bigbird", {}, "multihead"),
+])
+def test_bf16_forward_words_equal_narrowed_float32_output(B, H, name, params, mode, monkeypatch):
+    """``forward_bf16(words=True)`` (what ``attention`` on bf16 tensors takes) rounds each
+    block's output rows as the last piece finishes them, in place or from a work item's
+    rows: bit for bit :func:`narrow` of the float32 output, the same log-sum-exp, every
+    word written (the output arrays come filled with NaN words)."""
+    from sparse_patterns.kernels.cpu import _forward as fw
+    from sparse_patterns.kernels.cpu import forward_bf16
+
+    monkeypatch.setenv("SPARSE_PATTERNS_BF16", "products")
+    monkeypatch.setattr(fw, "_buffer", _nan_filled)
+    n = 1024
+    pl = plan(sps.make(name, n, **params), mode=mode, block=32)
+    assert bf16_applies(pl, 64)
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(B, H, n, 64, generator=g).to(torch.bfloat16) for _ in range(3))
+    w = [t.view(torch.int16).numpy() for t in (q, k, v)]
+    wide, lse = forward_bf16(*w, pl, scale=0.125)
+    words, lse_w = forward_bf16(*w, pl, scale=0.125, words=True)
+    assert words.dtype == np.uint16 and words.shape == (B, H, n, 64)
+    np.testing.assert_array_equal(narrow(wide, "bfloat16"), words)
+    np.testing.assert_array_equal(lse, lse_w)
+    via_torch = attention(q, k, v, pl, mode=mode, scale=0.125)
+    np.testing.assert_array_equal(via_torch.view(torch.int16).numpy().view(np.uint16), words)
+
+
+@needs_bf16_products
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(blocks=st.integers(1, 6), heads=st.lists(st.sampled_from([0.0, 0.03, 0.2, 1.0]),
+                                                 min_size=1, max_size=3),
+       seed=st.integers(0, 2**32 - 1), mode=st.sampled_from(["multihead", "merged"]))
+def test_bf16_forward_words_on_random_patterns(blocks, heads, seed, mode):
+    """Random causal patterns (heads of any density, empty ones included: rows without
+    keys, query blocks without tiles): the output words are bit for bit :func:`narrow`
+    of the float32 output, every word written (the arrays come filled with NaN words)."""
+    import scipy.sparse as sparse
+
+    from sparse_patterns.kernels.cpu import _forward as fw
+    from sparse_patterns.kernels.cpu import forward_bf16
+
+    n, rng = 32 * blocks, np.random.default_rng(seed)
+    pat = sps.Pattern([sparse.csr_matrix(np.tril(rng.random((n, n)) < p)) for p in heads])
+    pl = plan(pat, mode=mode, block=32)
+    w = [(rng.standard_normal((1, 2, n, 32), np.float32).view(np.uint32) >> 16)
+         .astype(np.uint16) for _ in range(3)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fw, "_buffer", _nan_filled)
+        wide, lse = forward_bf16(*w, pl, scale=0.2)
+        words, lse_w = forward_bf16(*w, pl, scale=0.2, words=True)
+    np.testing.assert_array_equal(narrow(wide, "bfloat16"), words)
+    np.testing.assert_array_equal(lse, lse_w)
+
+
 @pytest.mark.parametrize("n, d", [(1, 32), (63, 64), (130, 128), (6, 96)])
 def test_delta_bf16_against_float64(n, d):
     """The bf16 backward's ``delta`` of a head's rows (d of one 16-lane step and of

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -401,7 +403,9 @@ def test_pieces_run_head_by_head_match_the_oracle(heads_per_run, dtype, mode, mo
     calls = []
 
     def spy(*args):
-        calls.append((args[7], args[8], args[-2]))  # bh0, bh1, nt
+        names = inspect.signature(piece.py_func).parameters
+        kw = dict(zip(names, args, strict=True))
+        calls.append((kw["bh0"], kw["bh1"], kw["nt"]))
         return piece(*args)
 
     piece = fw._forward_piece

@@ -55,8 +55,9 @@ def _numba_forward(q, k, v, pattern, *, mode="multihead", scale=None, return_lse
     x = HostArrays({"q": q, "k": k, "v": v}, pl.n, widen_half=False)
     s = check_scale(scale, x.shape[3])
     if x.dtype_name == "bfloat16" and cpu.bf16_applies(pl, x.shape[3]):  # bf16 products
-        w = x.words
-        o, lse = cpu.forward_bf16(w["q"], w["k"], w["v"], pl, scale=s)
+        w = x.words  # the output comes back as bf16 words, rounded as blocks finish
+        o, lse = cpu.forward_bf16(w["q"], w["k"], w["v"], pl, scale=s, words=True)
+        return (x.out_words(o), x.out(lse, lse=True)) if return_lse else x.out_words(o)
     else:
         a = x.widen()
         o, lse = cpu.forward(a["q"], a["k"], a["v"], pl, scale=s)

@@ -41,6 +41,7 @@ from numba.np.linalg import ensure_blas
 
 from ._bf16 import _check_products
 from ._blas import _N, _T, _gemm, _threads_for, single_threaded_blas
+from ._convert import _narrow16
 from ._llvm import (
     _FM,
     _LOG2E,
@@ -105,8 +106,8 @@ _PREFETCH = True
 
 
 @numba.njit(cache=True, fastmath=_FM)
-def _qblock(q1, qbase, qrows, k1, v1, o1, m1, l1, base, kbase, n, d, dw, bf, p, I, scale, first,
-            last, qmap, kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks, maskt, grows, fused,
+def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf, p, I, scale,
+            first, last, qmap, kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks, maskt, grows, fused,
             pf, block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum,
             alpha, roff):  # pragma: no cover - compiled
     """Query block ``I`` of piece ``p`` for one (batch, head): continues the online
@@ -121,7 +122,8 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, m1, l1, base, kbase, n, d, dw, bf, p, 
     :func:`forward_bf16`) ``d / 2`` float32 words each holding two bf16 (``P V`` pairs
     value rows in registers). Every chunk of a bf16 block is whole 32-token tiles (see
     :func:`._bf16.bf16_applies`). ``pf``: a block used in place asks for the
-    next block's rows (:data:`_PREFETCH`)."""
+    next block's rows (:data:`_PREFETCH`). ``ow`` not empty (with ``last``): the output
+    rows go there as bf16 words, row ``i`` at ``ow[i*d]``, and not to ``o1``."""
     _wide()
     nb = (n + block - 1) // block
     ninf = -np.inf
@@ -150,6 +152,9 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, m1, l1, base, kbase, n, d, dw, bf, p, 
         ob, ooff = o1, (base + qmap[x0]) * d
         if first:
             _zero(o1, ooff, rows * d)
+        if last and ow.size > 0:  # the output words' lines, written at the end (without:
+            # their misses made the words slower than a pass over the float32 output)
+            _prefetch(ow, ooff, rows * d)
     else:
         ob, ooff = obuf, 0
     for r in range(rows):
@@ -268,11 +273,17 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, m1, l1, base, kbase, n, d, dw, bf, p, 
                 post[r] = 1.0
                 if final and lrow[r] != 0.0:
                     post[r] = 1.0 / lrow[r]
+            # the output as words: the normalized rows to obuf (free in place), rounded from
+            # there, so that the float32 rows of o1 are read but never written back
+            words = final and ow.size > 0
+            db, doff = (obuf, 0) if words else (ob, ooff)
             if bf:
                 if dense:
-                    _pv32_dense_bf16(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)
+                    _pv32_dense_bf16(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, db, doff)
                 else:
-                    _pv32_bf16(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)
+                    _pv32_bf16(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, db, doff)
+                if words:
+                    _narrow16(obuf, ow[ooff:], 0, rows * d, True)
             elif dense:  # 8-query blocks read each value row half as often
                 _pv32_dense(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)  # in place
             else:
@@ -301,7 +312,10 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, m1, l1, base, kbase, n, d, dw, bf, p, 
                 m1[i] = mrow[r]
                 l1[i] = lrow[r]
             elif lrow[r] == 0.0:  # no key in this row (NaN scores leave l NaN, not 0)
-                _zero(o1, i * d, d)
+                if ow.size > 0:
+                    _zero(ow, i * d, d)
+                else:
+                    _zero(o1, i * d, d)
                 m1[i] = ninf
             else:
                 m1[i] = mrow[r] / unit + math.log(lrow[r])
@@ -311,14 +325,20 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, m1, l1, base, kbase, n, d, dw, bf, p, 
         if last:
             li = lrow[r]
             if li == 0.0:  # no key in this row (NaN scores leave l NaN, not 0)
-                _zero(o1, i * d, d)
+                if ow.size > 0:
+                    _zero(ow, i * d, d)
+                else:
+                    _zero(o1, i * d, d)
                 m1[i] = ninf
             else:
                 inv = 1.0 / li
-                dst = o1[i * d: (i + 1) * d]  # views: a loop over two offsets into flat
-                src = obuf[r * d: (r + 1) * d]  # arrays is not vectorized, ~10x slower
+                # views: a loop over two offsets into flat arrays is not vectorized, ~10x slower
+                dst = obuf[r * d: (r + 1) * d] if ow.size > 0 else o1[i * d: (i + 1) * d]
+                src = obuf[r * d: (r + 1) * d]
                 for c in range(d):
                     dst[c] = src[c] * inv
+                if ow.size > 0:
+                    _narrow16(obuf[r * d:], ow[i * d:], 0, d, True)
                 m1[i] = mrow[r] / unit + math.log(li)
         else:
             _copy(o1, i * d, obuf, r * d, d)
@@ -333,7 +353,7 @@ def _share(ptr, it, u, parts):  # pragma: no cover - compiled
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
-def _forward_piece(q1, k1, v1, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G, g, p, first,
+def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G, g, p, first,
                    last, qperm, kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col,
                    tile_mask, masks, maskt, grows, fused, pf, block, chunk, seg, precise, nt, T):  # pragma: no cover - compiled
     """Piece ``p`` (softmax group ``g``) of every (batch, head) ``bh0 <= bh < bh1`` whose
@@ -345,7 +365,7 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
     into buffers of its own, in which the piece's order is contiguous; its query rows are
     read where they are, once a block (into ``Q^T``). ``copies`` (from :func:`_copy_orders`) lists, per work item, the
     positions to copy in the order that moves rows fastest. ``dw, bf``: as in
-    :func:`_qblock`.
+    :func:`_qblock`, as ``ow`` (the output's bf16 words, where the piece is ``last``).
     ``nt``: a work item stores its state back with non-temporal stores."""
     _wide()
     n = m1.shape[0] // BH
@@ -417,7 +437,7 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
                         _prefetch(v1, src, dw)
                     for t in range(_share(qptr, it2, u, nbk), _share(qptr, it2, u + 1, nbk)):
                         _prefetch(q1, (base2 + qp[qorder[t]]) * dw, dw)
-                _qblock(q1, base, qp, kl, vl, ol, ml, ll, -y0, -x0, n, d, dw, bf, p, I, scale,
+                _qblock(q1, base, qp, kl, vl, ol, ow[:0], ml, ll, -y0, -x0, n, d, dw, bf, p, I, scale,
                         first, last, local, local, lstart, lstep, tile_ptr, tile_col, tile_mask, masks,
                         maskt, grows, fused, False,
                         block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
@@ -425,7 +445,9 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
             for t in range(qptr[it], qptr[it + 1]):
                 y = qorder[t]
                 i = base + qp[y]
-                if whole_lines:
+                if last and ow.size > 0:
+                    _narrow16(ol[(y - y0) * d:], ow[i * d:], 0, d, True)
+                elif whole_lines:
                     _copy_nt(o1, i * d, ol, (y - y0) * d, d)
                 else:
                     _copy(o1, i * d, ol, (y - y0) * d, d)
@@ -433,7 +455,7 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
                 l1[i] = ll[y - y0]
         else:
             for I in range(I0, I1):
-                _qblock(q1, base, qperm[p], k1, v1, o1, m1, l1, base, base, n, d, dw, bf, p, I,
+                _qblock(q1, base, qperm[p], k1, v1, o1, ow, m1, l1, base, base, n, d, dw, bf, p, I,
                         scale, first, last, qperm[p], kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks,
                         maskt, grows, fused, pf,
                         block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
@@ -442,7 +464,7 @@ def _forward_piece(q1, k1, v1, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
-def _forward_pair(q1, ka, va, kb, vb, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
+def _forward_pair(q1, ka, va, kb, vb, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
                   g, pa, pb, first, last, qperm, kpa, kta, ksa, kpb, ktb, ksb, tile_ptr, tile_col,
                   tile_mask, masks, maskt, grows, fused, pf, block, chunk, seg, precise, T):  # pragma: no cover - compiled
     """Pieces ``pa`` then ``pb`` of softmax group ``g``, one after the other on each
@@ -465,28 +487,31 @@ def _forward_pair(q1, ka, va, kb, vb, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, sc
         own = _views(bufs, numba.get_thread_id())
         base = bh * n
         for I in range((w % nseg) * seg, min(nb, (w % nseg + 1) * seg)):
-            _qblock(q1, base, qperm[pa], ka, va, o1, m1, l1, base, base, n, d, dw, bf, pa, I,
+            _qblock(q1, base, qperm[pa], ka, va, o1, ow, m1, l1, base, base, n, d, dw, bf, pa, I,
                     scale, first, False, qperm[pa], kpa, kta, ksa, tile_ptr, tile_col, tile_mask, masks, maskt, grows,
                     fused, pf, block, chunk, precise, *own)
-            _qblock(q1, base, qperm[pb], kb, vb, o1, m1, l1, base, base, n, d, dw, bf, pb, I,
+            _qblock(q1, base, qperm[pb], kb, vb, o1, ow, m1, l1, base, base, n, d, dw, bf, pb, I,
                     scale, False, last, qperm[pb], kpb, ktb, ksb, tile_ptr, tile_col, tile_mask, masks, maskt, grows,
                     fused, pf, block, chunk, precise, *own)
 
 
-def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=False):
+def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=False,
+             ow=None):
     """``q1, k1, v1, o1``: flattened ``(B*H*n*d,)``; ``m1``: ``(B*H*n,)`` (becomes the
     log-sum-exp); head ``h`` uses group ``h % G``. The pieces of a group continue one
     online softmax per token, in the order of :func:`_forward_steps`; between them the
     unnormalized output lives in ``o1``'s rows, which the last piece normalizes.
-    ``bf``: ``q1, k1, v1`` are bf16, as float32 words of two (see :func:`_qblock`)."""
+    ``bf``: ``q1, k1, v1`` are bf16, as float32 words of two (see :func:`_qblock`);
+    ``ow`` (with ``bf``): the output's bf16 words, ``o1`` then only holding the state."""
     ensure_blas()
+    ow = np.empty(0, np.uint16) if ow is None else ow
     n, G, block = plan.n, plan.num_groups, plan.block
     dw = d // 2 if bf else d  # elements of an input row
     groups = [int(g) for g in plan.piece_group]
     if len(set(groups)) < G:  # a group without pieces: its rows have no keys
         H_ = np.arange(BH) % H % G
         empty = ~np.isin(H_, groups)
-        o1.reshape(BH, -1)[empty] = 0.0
+        (ow if ow.size else o1).reshape(BH, -1)[empty] = 0
         m1.reshape(BH, -1)[empty] = -np.inf
     l1 = np.empty_like(m1)
     kp1 = vp1 = None
@@ -530,13 +555,13 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
             if pending is not None:
                 pa, pfirst, kpa, kta, ksa, ka, va = pending
                 pending = None
-                _forward_pair(q1, ka, va, kq, vq, o1, m1, l1, BH, bh0, bh1, H, d, dw,
+                _forward_pair(q1, ka, va, kq, vq, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw,
                               bf, scale, G, groups[p], pa, p, pfirst, last, plan.qperm, kpa,
                               kta, ksa, kperm_used, kt, ks, plan.tile_ptr, plan.tile_col,
                               plan.tile_mask, plan.masks, maskt, grows, fused, _PREFETCH, block,
                               chunk, items, precise, T)
                 continue
-            _forward_piece(q1, kq, vq, o1, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
+            _forward_piece(q1, kq, vq, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
                            groups[p], p, first, last, plan.qperm, kperm_used, kt, ks, span,
                            copies, plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks,
                            maskt, grows, fused, _PREFETCH, block, chunk, items, precise, hc == BH,
@@ -544,18 +569,24 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
 
 
 def forward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,
-                 chunk: int = _CHUNK_FUSED, seg: int = 8) -> tuple[np.ndarray, np.ndarray]:
+                 chunk: int = _CHUNK_FUSED, seg: int = 8,
+                 words: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """:func:`forward` on bf16 inputs with bf16 products: ``q, k, v`` are the bf16
     words (C-contiguous ``int16`` or ``uint16`` ``(B, H, n, d)`` arrays) where
     :func:`._bf16.bf16_applies`. Scores and ``P V`` are ``vdpbf16ps`` (pairs of bf16
     products summed in float32), the probabilities rounded to bf16 before ``P V`` (as
     FlashAttention does); the softmax statistics, the accumulation and the outputs are
-    float32.
+    float32, or with ``words`` the output rounded to bf16 as each block finishes, its
+    float32 rows never written where a block's last piece takes one chunk (strided
+    l = 128, n = 16,384, B = 1, H = 8 on an AMD Zen 5: 17.4-17.6 ms against 18.5-18.6
+    for the float32 output and :func:`._convert.narrow` after, in one process; fixed,
+    whose blocks take several chunks, the same).
 
     Returns
     -------
     out, lse : numpy.ndarray
-        float32, as :func:`forward`'s.
+        float32, as :func:`forward`'s; ``out`` as bf16 words (``uint16``) with ``words``,
+        bit for bit :func:`._convert.narrow` of the float32 one.
 
     Examples
     --------
@@ -571,12 +602,14 @@ def forward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: fl
     B, H, n, d = q.shape
     _check_products(plan, n, d)
     out = _buffer(q.shape, np.float32)
+    ow = _buffer(q.shape, np.uint16) if words else None
     lse = np.empty(q.shape[:3], dtype=np.float32)
     w = [np.ascontiguousarray(a).reshape(-1).view(np.float32) for a in (q, k, v)]
     with single_threaded_blas(), _threads_for(plan.flops(B, H, d)[1]):
         _forward(*w, out.reshape(-1), lse.reshape(-1), B * H, H, d, np.float32(scale), plan,
-                 int(chunk), int(seg), False, bf=True)
-    return out, lse
+                 int(chunk), int(seg), False, bf=True,
+                 ow=None if ow is None else ow.reshape(-1))
+    return (out if ow is None else ow), lse
 
 
 def forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,
