@@ -72,6 +72,7 @@ from ._schedule import (
     _forward_steps,
     _group_rows,
     _masks_t,
+    _share,
 )
 from ._softmax import _exp_rows, _mask_tile_t, _softmax_cols
 
@@ -79,16 +80,13 @@ __all__ = ["forward", "forward_bf16"]
 
 # q, k, v and output bytes of the heads that the pieces of a softmax group run over
 # before the next heads (see _forward); 0: every head at once. Head by head (16 MB, half
-# a 32 MB last-level cache) measured faster for the strided forward on 2026-11-26 at
-# 14:19 (interleaved processes); measured again at 20:35 the same day, on the same AMD
-# Zen 5, every head at once is faster: strided at n = 16,384 (B=1, H=8, d=64), 4
-# interleaved process pairs of 8 calls, float32 median 28.3-30.5 against 29.4-31.0 ms,
-# bf16 products 20.3-21.2 against 22.7-25.0 ms; one process, alternated, 12 rounds,
-# 30.6 against 31.3 and 23.9 against 26.2 ms; n = 8,192 (2 heads a run) 13.7 against
-# 14.1 and 11.0 against 11.2; n = 4,096 (4 heads) 5.73 against 5.86 and 4.92 against
-# 4.83. Why the two measurements differ is not known (head by head counts on 16 MB
-# of a last-level cache that this virtual machine shares). The head-by-head path stays
-# (the tests run it) for a cache it suits.
+# a 32 MB last-level cache that this virtual machine shares) measured faster for the
+# strided forward once (2026-11-26 14:19), slower since on the same AMD Zen 5: at
+# n = 16,384 (B=1, H=8, d=64), 4 interleaved process pairs, float32 median 28.3-30.5
+# against 29.4-31.0 ms, bf16 20.3-21.2 against 22.7-25.0 (2026-11-26 20:35); one
+# process, alternated, per head 3.60-3.65 against 3.64-3.81 ms and 2.34-2.43 against
+# 2.50-2.57 (2026-11-27). The head-by-head path stays (the tests run it) for a cache
+# it suits.
 _CHUNK_BYTES = 0
 
 # software prefetch (prefetcht1, into L2), a hint that changes no result; False: off, for
@@ -148,13 +146,23 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
             if (tile_col[t] + 1) * block > n:
                 inplace = False
                 break
-    if inplace:
-        ob, ooff = o1, (base + qmap[x0]) * d
+    # the output as words (``ow``): the last piece keeps the rows in ``obuf`` and rounds
+    # them from there, so that the float32 rows of ``o1`` are read but never written
+    words = inplace and last and ow.size > 0
+    oo = (base + qmap[x0]) * d  # the block's first row in o1 (ow) where in place
+    if words:
+        ob, ooff = obuf, 0
+        if first:
+            _zero(obuf, 0, rows * d)
+        else:
+            _copy(obuf, 0, o1, oo, rows * d)
+        # the words' lines, written at the end (without: their misses made the words
+        # slower than a pass over the float32 output)
+        _prefetch(ow, oo, rows * d)
+    elif inplace:
+        ob, ooff = o1, oo
         if first:
             _zero(o1, ooff, rows * d)
-        if last and ow.size > 0:  # the output words' lines, written at the end (without:
-            # their misses made the words slower than a pass over the float32 output)
-            _prefetch(ow, ooff, rows * d)
     else:
         ob, ooff = obuf, 0
     for r in range(rows):
@@ -273,17 +281,13 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
                 post[r] = 1.0
                 if final and lrow[r] != 0.0:
                     post[r] = 1.0 / lrow[r]
-            # the output as words: the normalized rows to obuf (free in place), rounded from
-            # there, so that the float32 rows of o1 are read but never written back
-            words = final and ow.size > 0
-            db, doff = (obuf, 0) if words else (ob, ooff)
             if bf:
                 if dense:
-                    _pv32_dense_bf16(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, db, doff)
+                    _pv32_dense_bf16(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)
                 else:
-                    _pv32_bf16(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, db, doff)
-                if words:
-                    _narrow16(obuf, ow[ooff:], 0, rows * d, True)
+                    _pv32_bf16(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)
+                if words and final:
+                    _narrow16(obuf, ow[oo:], 0, rows * d, True)
             elif dense:  # 8-query blocks read each value row half as often
                 _pv32_dense(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)  # in place
             else:
@@ -344,12 +348,6 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
             _copy(o1, i * d, obuf, r * d, d)
             m1[i] = mrow[r]
             l1[i] = lrow[r]
-
-
-@numba.njit(cache=True, inline="always")
-def _share(ptr, it, u, parts):  # pragma: no cover - compiled
-    """Where share ``u`` of ``parts`` of ``ptr[it]: ptr[it + 1]`` starts."""
-    return ptr[it] + (ptr[it + 1] - ptr[it]) * u // parts
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
@@ -576,11 +574,11 @@ def forward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: fl
     :func:`._bf16.bf16_applies`. Scores and ``P V`` are ``vdpbf16ps`` (pairs of bf16
     products summed in float32), the probabilities rounded to bf16 before ``P V`` (as
     FlashAttention does); the softmax statistics, the accumulation and the outputs are
-    float32, or with ``words`` the output rounded to bf16 as each block finishes, its
-    float32 rows never written where a block's last piece takes one chunk (strided
-    l = 128, n = 16,384, B = 1, H = 8 on an AMD Zen 5: 17.4-17.6 ms against 18.5-18.6
-    for the float32 output and :func:`._convert.narrow` after, in one process; fixed,
-    whose blocks take several chunks, the same).
+    float32, or with ``words`` the output rounded to bf16 as each block finishes: the
+    last piece keeps a block's rows in its thread's scratch rows and rounds them from
+    there, and never writes the float32 rows (strided l = 128, n = 16,384, B = 1, H = 8
+    on an AMD Zen 5: 16.6-17.4 ms against 17.7-18.4 where the rows went through the
+    float32 output, and 18.5-18.6 with :func:`._convert.narrow` after; fixed the same).
 
     Returns
     -------

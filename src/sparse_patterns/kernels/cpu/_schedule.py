@@ -19,6 +19,7 @@ __all__ = [
     "_CHUNK", "_CHUNK_FUSED", "_LOCAL_ROWS", "_COPY_RUN", "_ITEM_BLOCKS", "_NO_MASKS", "_NO_ROWS",
     "_block_steps", "_residues", "_item_span", "_copy_order", "_copy_orders",
     "_forward_steps", "_masks_t", "_group_rows", "_backward_items", "_finished_blocks",
+    "_share",
 ]
 
 _CHUNK = 8  # tiles gathered per step (keys per score matrix: _CHUNK * block)
@@ -26,6 +27,12 @@ _CHUNK = 8  # tiles gathered per step (keys per score matrix: _CHUNK * block)
 # rows per block (the fixed forward at n = 16,384, in one process: 2% faster in float32,
 # 3% on bf16 products, strided unchanged, than 8; 32 no better than 24)
 _CHUNK_FUSED = 24
+
+
+@numba.njit(cache=True, inline="always")
+def _share(ptr, it, u, parts):  # pragma: no cover - compiled
+    """Where share ``u`` of ``parts`` of ``ptr[it]: ptr[it + 1]`` starts."""
+    return ptr[it] + (ptr[it + 1] - ptr[it]) * u // parts
 
 
 @numba.njit(cache=True)
