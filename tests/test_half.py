@@ -376,15 +376,17 @@ def _nan_filled(shape: tuple, dtype) -> np.ndarray:
 
 
 @needs_bf16_products
-@pytest.mark.parametrize(("B", "H", "name", "params", "mode"), [
-    (1, 2, "strided", {"stride": 40}, "merged"),  # last piece in place (the window)
-    (2, 3, "strided", {"stride": 40}, "multihead"),  # a copied piece that is first and last
-    (1, 2, "fixed", {"stride": 64, "c": 8}, "merged"),  # a copied last piece
-    (1, 4, "fixed", {"stride": 64, "c": 8}, "multihead"),
-    (1, 1, "dilated", {"window": 64}, "merged"),  # one copied piece
-    (1, 3, "bigbird", {}, "multihead"),
+@pytest.mark.parametrize(("B", "H", "n", "name", "params", "mode"), [
+    (1, 2, 1024, "strided", {"stride": 40}, "merged"),  # last piece in place (the window)
+    (2, 3, 1024, "strided", {"stride": 40}, "multihead"),  # a copied piece, first and last
+    (1, 2, 1024, "fixed", {"stride": 64, "c": 8}, "merged"),  # a copied last piece
+    (1, 2, 2048, "fixed", {"stride": 16, "c": 4}, "merged"),  # a pair: rows kept in scratch
+    (1, 4, 1024, "fixed", {"stride": 64, "c": 8}, "multihead"),
+    (1, 1, 1024, "dilated", {"window": 64}, "merged"),  # one copied piece
+    (1, 3, 1024, "bigbird", {}, "multihead"),
 ])
-def test_bf16_forward_words_equal_narrowed_float32_output(B, H, name, params, mode, monkeypatch):
+def test_bf16_forward_words_equal_narrowed_float32_output(B, H, n, name, params, mode,
+                                                          monkeypatch):
     """``forward_bf16(words=True)`` (what ``attention`` on bf16 tensors takes) rounds each
     block's output rows as the last piece finishes them, in place or from a work item's
     rows: bit for bit :func:`narrow` of the float32 output, the same log-sum-exp, every
@@ -394,7 +396,6 @@ def test_bf16_forward_words_equal_narrowed_float32_output(B, H, name, params, mo
 
     monkeypatch.setenv("SPARSE_PATTERNS_BF16", "products")
     monkeypatch.setattr(fw, "_buffer", _nan_filled)
-    n = 1024
     pl = plan(sps.make(name, n, **params), mode=mode, block=32)
     assert bf16_applies(pl, 64)
     g = torch.Generator().manual_seed(7)

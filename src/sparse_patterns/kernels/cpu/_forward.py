@@ -15,8 +15,9 @@ tile's output rows. A piece whose blocks are not runs of consecutive tokens (a
 ``residue(s)`` order) has each work item copy its keys, values and softmax state
 into buffers of its own, one array at a time in the order of a per-plan schedule
 (:func:`._schedule._copy_orders`: runs of grid rows, class by class), its queries read
-where they are into each block's ``Q^T``; if a work item's keys span much more than its queries (summary keys
-put first), the used key blocks are put in the piece's order once per call instead.
+where they are into each block's ``Q^T``; if a work item's keys span much more than its
+queries (summary keys put first), the used key blocks are put in the piece's order once
+per call instead.
 Two consecutive pieces of a group with the same query order that copy nothing (fixed's
 blocks and its summary keys) run block by block in one pass (:func:`_forward_pair`),
 so that a block's state passes from one to the other in the cache; pieces that neither
@@ -105,9 +106,9 @@ _PREFETCH = True
 
 @numba.njit(cache=True, fastmath=_FM)
 def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf, p, I, scale,
-            first, last, qmap, kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks, maskt, grows, fused,
-            pf, block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum,
-            alpha, roff):  # pragma: no cover - compiled
+            first, last, qmap, kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks,
+            maskt, grows, fused, pf, block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow,
+            lrow, cmax, msub, csum, alpha, roff):  # pragma: no cover - compiled
     """Query block ``I`` of piece ``p`` for one (batch, head): continues the online
     softmax of its queries over chunks of tiles. Position ``x`` of the piece's order
     is row ``qbase + qrows[x]`` of ``q1``, row ``base + qmap[x]`` of the state, and its key
@@ -361,9 +362,10 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
     consecutive blocks of the piece's order; each work item then copies those key
     and value rows (token ``kperm_used[x]`` for position ``x``), and its softmax state,
     into buffers of its own, in which the piece's order is contiguous; its query rows are
-    read where they are, once a block (into ``Q^T``). ``copies`` (from :func:`_copy_orders`) lists, per work item, the
-    positions to copy in the order that moves rows fastest. ``dw, bf``: as in
-    :func:`_qblock`, as ``ow`` (the output's bf16 words, where the piece is ``last``).
+    read where they are, once a block (into ``Q^T``). ``copies`` (from
+    :func:`_copy_orders`) lists, per work item, the positions to copy in the order that
+    moves rows fastest. ``dw, bf`` and ``ow`` (the output's bf16 words, written where the
+    piece is ``last``): as in :func:`_qblock`.
     ``nt``: a work item stores its state back with non-temporal stores."""
     _wide()
     n = m1.shape[0] // BH
@@ -435,11 +437,10 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
                         _prefetch(v1, src, dw)
                     for t in range(_share(qptr, it2, u, nbk), _share(qptr, it2, u + 1, nbk)):
                         _prefetch(q1, (base2 + qp[qorder[t]]) * dw, dw)
-                _qblock(q1, base, qp, kl, vl, ol, ow[:0], ml, ll, -y0, -x0, n, d, dw, bf, p, I, scale,
-                        first, last, local, local, lstart, lstep, tile_ptr, tile_col, tile_mask, masks,
-                        maskt, grows, fused, False,
-                        block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
-                        msub, csum, alpha, roff)
+                _qblock(q1, base, qp, kl, vl, ol, ow[:0], ml, ll, -y0, -x0, n, d, dw, bf, p, I,
+                        scale, first, last, local, local, lstart, lstep, tile_ptr, tile_col,
+                        tile_mask, masks, maskt, grows, fused, False, block, chunk, precise,
+                        qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff)
             for t in range(qptr[it], qptr[it + 1]):
                 y = qorder[t]
                 i = base + qp[y]
@@ -454,10 +455,9 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
         else:
             for I in range(I0, I1):
                 _qblock(q1, base, qperm[p], k1, v1, o1, ow, m1, l1, base, base, n, d, dw, bf, p, I,
-                        scale, first, last, qperm[p], kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks,
-                        maskt, grows, fused, pf,
-                        block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
-                        msub, csum, alpha, roff)
+                        scale, first, last, qperm[p], kperm_used, kstart, kstep, tile_ptr,
+                        tile_col, tile_mask, masks, maskt, grows, fused, pf, block, chunk, precise,
+                        qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff)
 
 
 
@@ -486,11 +486,11 @@ def _forward_pair(q1, ka, va, kb, vb, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf
         base = bh * n
         for I in range((w % nseg) * seg, min(nb, (w % nseg + 1) * seg)):
             _qblock(q1, base, qperm[pa], ka, va, o1, ow, m1, l1, base, base, n, d, dw, bf, pa, I,
-                    scale, first, False, qperm[pa], kpa, kta, ksa, tile_ptr, tile_col, tile_mask, masks, maskt, grows,
-                    fused, pf, block, chunk, precise, *own)
+                    scale, first, False, qperm[pa], kpa, kta, ksa, tile_ptr, tile_col, tile_mask,
+                    masks, maskt, grows, fused, pf, block, chunk, precise, *own)
             _qblock(q1, base, qperm[pb], kb, vb, o1, ow, m1, l1, base, base, n, d, dw, bf, pb, I,
-                    scale, False, last, qperm[pb], kpb, ktb, ksb, tile_ptr, tile_col, tile_mask, masks, maskt, grows,
-                    fused, pf, block, chunk, precise, *own)
+                    scale, False, last, qperm[pb], kpb, ktb, ksb, tile_ptr, tile_col, tile_mask,
+                    masks, maskt, grows, fused, pf, block, chunk, precise, *own)
 
 
 def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=False,
