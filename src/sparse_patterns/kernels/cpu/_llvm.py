@@ -149,6 +149,14 @@ def _prefetch(typingctx, arr, off, count):  # pragma: no cover - compiled
     return types.none(arr, off, count), codegen
 
 
+def _pair_masks() -> tuple[ir.Constant, ir.Constant]:
+    """The shuffle masks that interleave two vectors of 32 bf16 words ``a``, ``b`` by
+    element: ``a0 b0 a1 b1 ... a15 b15``, then ``a16 b16 ... a31 b31``."""
+    return tuple(ir.Constant(ir.VectorType(ir.IntType(32), 32),
+                             [y for i in range(h, h + 16) for y in (i, 32 + i)])
+                 for h in (0, 16))
+
+
 @intrinsic
 def _pair_rows(typingctx, dst, doff, src, sa, sb, dw):  # pragma: no cover - compiled
     """Two rows of bf16 pairs interleaved by element: the ``2 dw`` words at
@@ -162,8 +170,7 @@ def _pair_rows(typingctx, dst, doff, src, sa, sb, dw):  # pragma: no cover - com
         sp = context.make_array(signature.args[2])(context, builder, src_).data
         ht = ir.VectorType(ir.IntType(16), 32)
         i64 = ir.IntType(64)
-        lo = ir.Constant(ir.VectorType(ir.IntType(32), 32), [x for i in range(16) for x in (i, 32 + i)])
-        hi = ir.Constant(ir.VectorType(ir.IntType(32), 32), [x for i in range(16, 32) for x in (i, 32 + i)])
+        lo, hi = _pair_masks()
         pa, pb = (builder.gep(sp, [x]) for x in (sa_, sb_))
         with cgutils.for_range(builder, builder.sdiv(dw_, i64(16))) as loop:
             off = builder.mul(loop.index, i64(16))
@@ -408,9 +415,7 @@ def _row_pairs(builder, sp, ra, rb, c0, W, vt):
     (:func:`_pair_rows`'s), in registers instead of a pass that writes paired rows."""
     i64 = ir.IntType(64)
     ht = ir.VectorType(ir.IntType(16), 32)
-    masks = [ir.Constant(ir.VectorType(ir.IntType(32), 32), [y for i in range(h, h + 16)
-                                                               for y in (i, 32 + i)])
-             for h in (0, 16)]
+    masks = _pair_masks()
     out = []
     for c in range(0, W, 2) if W > 1 else [0]:
         col = builder.add(c0, i64(16 * c))
