@@ -50,7 +50,7 @@ class _Count(SchedulerPlugin):
         self.finished: set[str] = set()
 
     def transition(self, key, start, finish, *args, **kwargs):
-        if str(key).startswith("search-"):
+        if str(key).startswith("search_"):
             if finish in ("waiting", "queued", "processing"):  # submitted (not released)
                 self.seen.add(str(key))
             if finish == "memory":
@@ -61,7 +61,7 @@ def _settle(cluster, timeout: float = 20.0) -> None:
     """Wait until the scheduler holds no search task (cancelled ones finish on workers)."""
     sched = cluster[1].scheduler
     deadline = time.monotonic() + timeout
-    while any(str(k).startswith("search-") for k in list(sched.tasks)):
+    while any(str(k).startswith("search_") for k in list(sched.tasks)):
         assert time.monotonic() < deadline, "search tasks left on the scheduler"
         gc.collect()  # a future in a traceback's reference cycle is released when collected
         time.sleep(0.05)
@@ -92,9 +92,9 @@ def _start_orders(stream, stolen: set[str]) -> list[list[str]]:
     the ``stolen`` keys (moved by dask's work stealing from a busy worker to an idle one)."""
     per: dict[str, list[tuple[float, str]]] = {}
     for t in stream:
-        if str(t["key"]).startswith("search-") and str(t["key"]) not in stolen:
+        if str(t["key"]).startswith("search_") and str(t["key"]) not in stolen:
             start = min(s["start"] for s in t["startstops"] if s["action"] == "compute")
-            per.setdefault(t["worker"], []).append((start, str(t["key"]).split("-")[2]))
+            per.setdefault(t["worker"], []).append((start, str(t["key"]).split("-")[0][len("search_"):]))
     return [[h for _, h in sorted(v)] for v in per.values()]
 
 
