@@ -50,7 +50,7 @@ class _Count(SchedulerPlugin):
         self.finished: set[str] = set()
 
     def transition(self, key, start, finish, *args, **kwargs):
-        if str(key).startswith("search_"):
+        if _is_search(key):
             if finish in ("waiting", "queued", "processing"):  # submitted (not released)
                 self.seen.add(str(key))
             if finish == "memory":
@@ -61,7 +61,7 @@ def _settle(cluster, timeout: float = 20.0) -> None:
     """Wait until the scheduler holds no search task (cancelled ones finish on workers)."""
     sched = cluster[1].scheduler
     deadline = time.monotonic() + timeout
-    while any(str(k).startswith("search_") for k in list(sched.tasks)):
+    while any(_is_search(k) for k in list(sched.tasks)):
         assert time.monotonic() < deadline, "search tasks left on the scheduler"
         gc.collect()  # a future in a traceback's reference cycle is released when collected
         time.sleep(0.05)
@@ -87,31 +87,51 @@ def _reference(row, mode):
     return pat, rep, pl
 
 
+def _is_search(key) -> bool:
+    """A search task's key: ``search-<run>-<hash>-...`` (one task group) or
+    ``search_<hash>-<run>-...`` (a group each, the library's own local cluster)."""
+    return str(key).startswith(("search-", "search_"))
+
+
+def _hash(key) -> str:
+    """The candidate's hash (its row key's first 12 characters) in a search task's key."""
+    words = str(key).split("-")
+    return words[2] if words[0] == "search" else words[0][len("search_"):]
+
+
 def _start_orders(stream, stolen: set[str]) -> list[list[str]]:
     """Per worker, the hashes of the search tasks it ran, in the order they started, less
     the ``stolen`` keys (moved by dask's work stealing from a busy worker to an idle one)."""
     per: dict[str, list[tuple[float, str]]] = {}
     for t in stream:
-        if str(t["key"]).startswith("search_") and str(t["key"]) not in stolen:
+        if _is_search(t["key"]) and str(t["key"]) not in stolen:
             start = min(s["start"] for s in t["startstops"] if s["action"] == "compute")
-            per.setdefault(t["worker"], []).append((start, str(t["key"]).split("-")[0][len("search_"):]))
+            per.setdefault(t["worker"], []).append((start, _hash(t["key"])))
     return [[h for _, h in sorted(v)] for v in per.values()]
 
 
-def test_rows_equal_serial_verify_and_plan(cluster):
+@pytest.mark.parametrize("grouped", [True, False])
+def test_rows_equal_serial_verify_and_plan(cluster, grouped, monkeypatch):
+    """``grouped``: the tasks as one dask task group (a given cluster) or a group each (the
+    library's own local cluster, forced here on the given one)."""
     from distributed import get_task_stream
 
+    import sparse_patterns.search as search_module
     from sparse_patterns.search import _cost
 
+    run = search_module._run
+    monkeypatch.setattr(search_module, "_run",
+                        lambda *a, **kw: run(*a, **{**kw, "grouped": grouped}))
     with get_task_stream(client=cluster[0]) as stream:
         res = search(["fixed", "strided", "longformer"],
                      {**GRID, "window": 4, "global_tokens": [1, 2]}, [256, 1000], block=16,
                      client=cluster[0])
-    # longest first: the scheduler hands the tasks out in that order, so each worker starts
-    # its own in that order (with a dask task group per family, the groups of 4 tasks went
-    # to the workers at once and ran before longer ones: costs 4,2,1 then 34 on a worker),
-    # but for a task stolen by an idle worker (seen with a cold numba cache: first tasks of
-    # 10 s), which it starts after its own
+    # longest first: the scheduler hands the tasks out in that order (grouped: as workers
+    # free up; else at once), so each worker starts its own in that order (with a dask task
+    # group per family, the groups of 4 tasks went to the workers at once and ran before
+    # longer ones: costs 4,2,1 then 34 on a worker), but for a task stolen by an idle
+    # worker (seen with a cold numba cache: first tasks of 10 s), which it starts after its
+    # own
     cost = {row["key"][:12]: _cost({"family": row["family"], "n": row["n"],
                                     "params": json.loads(row["params"])}) for row in res.rows}
     stolen = {str(msg[1]) for _, msg in cluster[1].scheduler.get_events("stealing")

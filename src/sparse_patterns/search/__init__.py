@@ -177,8 +177,12 @@ def _lost_row(rec: Mapping[str, Any], measured: tuple[str, ...], why: str) -> di
 
 
 def _run(client: Any, todo: list[dict[str, Any]], cache: Any, measured: tuple[str, ...],
-         task_kw: dict[str, Any], retries: int, done: Callable[[dict[str, Any]], None]) -> None:
-    """Run ``todo`` on ``client``; hand each row to ``done`` (and ``cache``) as it arrives."""
+         task_kw: dict[str, Any], retries: int, done: Callable[[dict[str, Any]], None],
+         grouped: bool = True) -> None:
+    """Run ``todo`` on ``client``; hand each row to ``done`` (and ``cache``) as it arrives.
+
+    ``grouped``: the tasks form one dask task group, ``search`` (a given cluster: dask's
+    queuing, one progress bar on its dashboard); else a group each (the local cluster)."""
     from distributed import as_completed  # noqa: PLC0415
 
     futures: dict[Any, tuple[dict[str, Any], str]] = {}
@@ -189,13 +193,16 @@ def _run(client: Any, todo: list[dict[str, Any]], cache: Any, measured: tuple[st
     def task_key(rec: dict[str, Any]) -> tuple[str, str]:
         key = recipe_key(rec, __version__)
         k = attempts[key] = attempts.get(key, 0) + 1
-        # a task group of its own ("search_<hash>": dask's key_split stops at the run, 8 hex
-        # characters), never a large one: the scheduler holds back a large group's tasks
-        # ("root-ish", queued) and hands them out one at a time as workers finish, which costs
-        # its process and the workers about 0.5 ms of CPU a task more; ungrouped, they go to
-        # the workers at once, each starting its own in priority order (longest first). (With
-        # one group a family, a family's group of at most 2 x the threads went out at once
-        # and ran ahead of longer queued tasks.)
+        # One group (dask's key_split stops at the run, 8 hex characters): the scheduler
+        # holds back a large group's tasks ("root-ish", queued) and hands them out in
+        # priority order (longest first) as workers free up. (With a group a family, a
+        # family's group of at most 2 x the threads was not queued: it went out at once and
+        # ran ahead of longer queued tasks.) A group each ("search_<hash>"), on the local
+        # cluster: the tasks go to the workers at once, each starting its own in priority
+        # order; queuing cost the scheduler's process and the workers' loops about 0.5 ms
+        # of CPU a task more, on the two cores that run the tasks.
+        if grouped:
+            return key, f"search-{run}-{key[:12]}-{rec['family']}-{k}"
         return key, f"search_{key[:12]}-{run}-{rec['family']}-{k}"
 
     def submit(recs: list[dict[str, Any]]) -> list[Any]:
@@ -519,7 +526,8 @@ def _search(store: Any, recipes: list[dict[str, Any]], measured: tuple[str, ...]
             connected, owned = _connect(client, workers, float(timeout))
             own_client = connected is not client
             try:
-                _run(connected, todo, store, measured, task_kw, retries, done)
+                _run(connected, todo, store, measured, task_kw, retries, done,
+                     grouped=client is not None)  # ungrouped on our own local cluster
             except ConnectionError as exc:  # the scheduler lost on the way
                 where = (f"{len(rows)} of {total} candidates are saved in {store.path}; run "
                          "again to resume" if store is not None else "no cache was given")
