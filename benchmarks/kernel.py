@@ -5,18 +5,18 @@ Usage::
     .venv/bin/python benchmarks/kernel.py            # the figures of issue 4
     .venv/bin/python benchmarks/kernel.py --cold     # also a cold compile (empty cache)
 
-B=1, H=8, d=64, float32, ``mode="merged"``. Prints: the machine's fp32 and bf16 FMA
-peak (:func:`sparse_patterns.kernels.cpu.fma_peak`, a register-only loop, each
-round, the best used), fp32 ``torch.matmul`` throughput and torch SDPA ``is_causal=True`` at
-n=16,384; strided (l=128) and fixed (l=128, c=16) forward times, their speed-up over
-SDPA, their useful-FLOP throughput as a share of the FMA peak and of the matmul
-rate, and the same forwards with bf16 inputs (strided also with a new output array each call: the
-kernel recycles the arrays of outputs its caller dropped, see
-``sparse_patterns.kernels.cpu._pool._buffer``); the cost of going to n=65,536 with l=sqrt(n); the
-forward's peak memory at 65,536 (a subprocess sampling its resident set); the
-backward/forward ratios (strided, fixed) and the bf16 backward speed-ups; a training
-step's attention (``SparseAttention`` forward + backward on torch tensors) against
-SDPA's causal forward + backward; and the first-call (compile or cache load) time.
+B=1, H=8, d=64, float32, ``mode="merged"``. Prints: the machine's fp32 and bf16 FMA peak
+(:func:`sparse_patterns.kernels.cpu.fma_peak`, a register-only loop, each round, the best
+used), fp32 ``torch.matmul`` throughput and torch SDPA ``is_causal=True`` at n=16,384;
+strided (l=128) and fixed (l=128, c=16) forward times, their speed-up over SDPA, their
+useful-FLOP throughput as a share of the FMA peak and of the matmul rate, and the same
+forwards with bf16 inputs (strided also with a new output array each call: the kernel
+recycles the arrays of outputs its caller dropped, see
+``sparse_patterns.kernels.cpu._pool._buffer``); the cost of going to n=65,536 with
+l=sqrt(n); the forward's peak memory at 65,536 (a subprocess sampling its resident set);
+the backward/forward ratios (strided, fixed) and the bf16 backward speed-ups; a training
+step's attention (``SparseAttention`` forward + backward on torch tensors) against SDPA's
+causal forward + backward; and the first-call (compile or cache load) time.
 
 The machine is shared and its speed drifts by up to 30% within a minute, so the
 timings are interleaved: each of ``--rounds`` rounds times every quantity once

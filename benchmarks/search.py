@@ -161,7 +161,8 @@ def _one_thread(run: Any) -> float:
 
 
 def _overhead(client: Any, count: int = 1000) -> None:
-    # keyed as the search keys its tasks: a task group each, handed to the workers at once
+    # keyed as search keys its tasks on its own local cluster: a task group each, handed to
+    # the workers at once
     run = os.urandom(4).hex()
     client.gather(client.map(_noop, range(50), key=[f"noop_{i}-{run}-warm" for i in range(50)]))
     t = time.perf_counter()
