@@ -12,8 +12,9 @@ verified exactly and planned (``--time``: also the kernel's forward timed):
 2. on a LocalCluster of ``--workers`` processes (one thread each), end to end:
    starting the cluster, the workers' imports, the grid, closing it;
 3. on the same kind of cluster already started and warmed (the grid alone), run as
-   ``search`` runs its own local cluster (a dask task group a candidate; a cluster
-   given to ``search`` gets one group for them all, dask's queuing).
+   ``search`` runs its own local cluster (a dask task group a candidate, but for the
+   shortest ones: one group that dask queues; a cluster given to ``search`` gets one
+   group for them all, dask's queuing).
 
 1 and 3 alternate for ``--rounds`` rounds (a shared machine's load moves), after a
 round 0 of both that is printed but not counted: the first grid of a run, serial and

@@ -139,6 +139,16 @@ def test_rows_equal_serial_verify_and_plan(cluster, grouped, monkeypatch):
     orders = [[cost[h] for h in hashes] for hashes in _start_orders(stream.data, stolen)]
     assert sum(map(len, orders)) + len(stolen & {str(t["key"]) for t in stream.data}) == len(res)
     assert all(costs == sorted(costs, reverse=True) for costs in orders)
+    # ungrouped, the shortest tasks (at most _QUEUED_TAIL of the cost) still form one group,
+    # which dask queues: the workers' last tasks end together
+    queued = {_hash(t["key"]) for t in stream.data
+              if _is_search(t["key"]) and str(t["key"]).startswith("search-")}
+    if grouped:
+        assert len(queued) == len(res)
+    else:
+        rest = set(cost) - queued
+        assert queued and rest and max(cost[h] for h in queued) <= min(cost[h] for h in rest)
+        assert sum(cost[h] for h in queued) <= search_module._QUEUED_TAIL * sum(cost.values())
     assert isinstance(res, SearchResult)
     # fixed: 2 strides x 3 c; strided: 2 strides; longformer: 2 global_tokens; at 2 ns
     assert len(res) == 2 * (6 + 2 + 2) and res.computed == 20 and res.reused == 0
