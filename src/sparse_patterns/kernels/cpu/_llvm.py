@@ -431,23 +431,33 @@ def _row_pairs(builder, sp, ra, rb, c0, W, vt):
     return out
 
 
+def _bf16_both(builder, lo, hi):
+    """``<32 x i16>``: ``lo`` (16 float32) rounded to bf16 in elements 0-15 and ``hi`` in
+    16-31, ties to even, NaN kept: one ``vcvtne2ps2bf16`` where the CPU has AVX512_BF16
+    (else LLVM's ``fptrunc``, the same bits)."""
+    ht = ir.VectorType(ir.IntType(16), 32)
+    if not _AVX512_BF16:
+        a, b = (builder.fptrunc(x, ir.VectorType(_BFloat(), 16)) for x in (lo, hi))
+        both = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 32),
+                                                        list(range(32))))
+        return builder.bitcast(both, ht)
+    bt = ir.VectorType(_BFloat(), 32)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(bt, [lo.type] * 2),
+                                        "llvm.x86.avx512bf16.cvtne2ps2bf16.512")
+    return builder.bitcast(builder.call(fn, [hi, lo]), ht)  # the second operand goes low
+
+
 def _pack_bf16(builder, lo, hi):
     """16 words of bf16 pairs from two vectors of 16 float32: word ``i`` holds
     ``lo[i]`` rounded to bf16 in its low half and ``hi[i]`` in its high half (ties to
     even; ``vcvtne2ps2bf16`` and one word shuffle), as a ``<16 x float>`` container."""
-    ht = ir.VectorType(ir.IntType(16), 16)
-    bt = ir.VectorType(_BFloat(), 16)
-    a, b = (builder.bitcast(builder.fptrunc(x, bt), ht) for x in (lo, hi))
+    both = _bf16_both(builder, lo, hi)
     mask = [x for i in range(16) for x in (i, 16 + i)]
-    both = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 32), mask))
-    return builder.bitcast(both, lo.type)
+    pairs = builder.shuffle_vector(both, both, ir.Constant(ir.VectorType(ir.IntType(32), 32), mask))
+    return builder.bitcast(pairs, lo.type)
 
 
 def _cat_bf16(builder, lo, hi):
     """16 words of bf16 from two vectors of 16 float32, in order: ``lo`` rounded to bf16
     in elements 0-15, ``hi`` in 16-31 (word ``i`` holds elements ``2i, 2i + 1``)."""
-    ht = ir.VectorType(ir.IntType(16), 16)
-    bt = ir.VectorType(_BFloat(), 16)
-    a, b = (builder.bitcast(builder.fptrunc(x, bt), ht) for x in (lo, hi))
-    both = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 32), list(range(32))))
-    return builder.bitcast(both, lo.type)
+    return builder.bitcast(_bf16_both(builder, lo, hi), lo.type)
