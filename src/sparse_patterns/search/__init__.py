@@ -75,11 +75,11 @@ _LOCAL_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": N
 #: form one dask task group: dask queues it (more than 2 x the threads) and hands its tasks to
 #: the workers one at a time as they run out, so that both finish within a short task of each
 #: other. The tasks before it each get a group of their own and go to the workers at once,
-#: as many to each, whose sums differed by 30-230 ms (median 40-90) on a 48-candidate grid
-#: of 0.5 s on 2 workers: the expected costs order the tasks well but do not weigh them
-#: exactly, and work stealing acts too late. Measured (10 grids a setting, alternated, 3
-#: runs): the workers' last tasks ended 2-6 ms apart (medians) against 29-46, and a grid's
-#: median wall time was 1-6% less; with 0.35, 0.567 s against 0.571.
+#: as many to each, whose sums differed by up to 230 ms (medians of 8-10 grids 29-91 ms) on
+#: a 48-candidate grid of 0.5 s on 2 workers: the expected costs order the tasks well but do
+#: not weigh them exactly, and work stealing acts too late. Measured (10 grids a setting,
+#: alternated, 3 runs): the workers' last tasks ended 2-6 ms apart (medians) against 29-46,
+#: and a grid's median wall time was 1-6% less; with 0.35, 0.567 s against 0.571.
 _QUEUED_TAIL = 0.1
 _ADDRESS = re.compile(r"^(?:(?:tcp|tls|ucx|ws|wss)://)?[\w.\-\[\]:]+:\d{1,5}$")
 
