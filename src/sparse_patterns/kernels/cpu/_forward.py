@@ -79,27 +79,36 @@ from ._softmax import _exp_rows, _mask_tile_t, _softmax_cols
 
 __all__ = ["forward", "forward_bf16"]
 
-# q, k, v and output bytes of the heads that a softmax group's pieces run over before the
-# next heads (see _forward); 0: every head at once. Head by head (16 MB: half the 32 MB L3
-# this VM shares) was slower on the AMD Zen 5 (strided, n = 16,384, B=1, H=8, d=64, 4
-# process pairs: float32 median 29.4-31.0 against 28.3-30.5 ms, bf16 22.7-25.0 against
-# 20.3-21.2; 2026-11-26/27); the path stays (the tests run it) for a cache it suits.
+# q, k, v and output bytes of the heads that the pieces of a softmax group run over
+# before the next heads (see _forward); 0: every head at once. Head by head (16 MB, half
+# a 32 MB last-level cache that this virtual machine shares) measured faster for the
+# strided forward once (2026-11-26 14:19), slower since on the same AMD Zen 5: at
+# n = 16,384 (B=1, H=8, d=64), 4 interleaved process pairs, float32 median 28.3-30.5
+# against 29.4-31.0 ms, bf16 20.3-21.2 against 22.7-25.0 (2026-11-26 20:35); one
+# process, alternated, per head 3.60-3.65 against 3.64-3.81 ms and 2.34-2.43 against
+# 2.50-2.57 (2026-11-27). The head-by-head path stays (the tests run it) for a cache
+# it suits.
 _CHUNK_BYTES = 0
 
 # software prefetch (prefetcht1, into L2), a hint that changes no result; False: off, for
-# A/B runs. Strided forward, n = 16,384 (B=1, H=8, d=64, merged; AMD Zen 5; one process,
-# the setting alternated, 6-8 rounds): a block used in place (the window) asks for the next
-# block's query rows, state and newest keys and values: float32 2.1-2.6% faster, bf16
-# 5.6-6.7%, fixed unchanged; a work item of a copied piece (the residue classes) for the
-# next item's rows of q, k and v, a share before each of its blocks: bf16 a further
-# 8.2-8.8% faster, float32 unchanged (over only its last 1, 2 or 4 blocks: bf16 less).
+# A/B runs. Measured on the strided forward at n = 16,384 (B=1, H=8, d=64, merged; AMD
+# Zen 5; one process, one plan, the setting alternated, 6-8 rounds):
+# - a query block used in place (fused 32-token tiles, rows consecutive: the window)
+#   asks for the next block's query rows, state and newest keys and values, at three
+#   points of its own passes: float32 2.1-2.6% faster, bf16 products 5.6-6.7%; fixed
+#   unchanged (0.996x, 1.003x);
+# - a work item of a copied piece (the residue classes) asks for the next item's rows
+#   of q, k and v, a share before each of its query blocks: bf16 products a further
+#   8.2-8.8% faster (1.058-1.108x), float32 unchanged (0.996x-1.006x; asked for over
+#   only the item's last 1, 2 or 4 blocks instead: also unchanged, and bf16 less).
 _PREFETCH = True
 
 
 @numba.njit(cache=True, fastmath=_FM)
 def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf, p, I, scale,
-            first, last, qmap, kperm_used, kstart, kstep, tiles, opts,
-            own):  # pragma: no cover - compiled
+            first, last, qmap, kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks,
+            maskt, grows, fused, pf, block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow,
+            lrow, cmax, msub, csum, alpha, roff):  # pragma: no cover - compiled
     """Query block ``I`` of piece ``p`` for one (batch, head): continues the online
     softmax of its queries over chunks of tiles. Position ``x`` of the piece's order
     is row ``qbase + qrows[x]`` of ``q1``, row ``base + qmap[x]`` of the state, and its key
@@ -113,12 +122,8 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
     value rows in registers). Every chunk of a bf16 block is whole 32-token tiles (see
     :func:`._bf16.bf16_applies`). ``pf``: a block used in place asks for the
     next block's rows (:data:`_PREFETCH`). ``ow`` not empty (with ``last``): the output
-    rows go there as bf16 words, row ``i`` at ``ow[i*d]``, and not to ``o1``. ``tiles``, ``opts``
-    (``fused, pf, block, chunk, precise``), ``own``: tuples, a call's 30 arguments at most."""
+    rows go there as bf16 words, row ``i`` at ``ow[i*d]``, and not to ``o1``."""
     _wide()
-    tile_ptr, tile_col, tile_mask, masks, maskt, grows = tiles
-    fused, pf, block, chunk, precise = opts
-    qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff = own
     nb = (n + block - 1) // block
     ninf = -np.inf
     unit = 1.0 if precise else _LOG2E  # float32 scores in base-2 units (exp2 is cheaper)
@@ -346,13 +351,6 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
             l1[i] = lrow[r]
 
 
-# _qblock inlined in _forward_piece (numba inlines calls of at most 30 arguments), so that no
-# call pushes its ~250 words of arguments each query block: strided float32 27.6 ms against
-# 28.2, bf16 15.9 against 16.9 (n = 16,384, B=1, H=8, d=64, Zen 5, 5 process pairs; the
-# same bits). _forward_pair keeps the call: fixed gained 2-3%, not worth 2 compiled copies.
-_qblock_inline = numba.njit(fastmath=_FM, inline="always")(_qblock.py_func)
-
-
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
 def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G, g, p, first,
                    last, qperm, kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col,
@@ -394,8 +392,7 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
         if (bh % H) % G != g:
             continue
         tid = numba.get_thread_id()
-        own = _views(bufs, tid)
-        tiles = (tile_ptr, tile_col, tile_mask, masks, maskt, grows)
+        qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff = _views(bufs, tid)
         I0 = (w % nseg) * seg
         I1 = min(nb, I0 + seg)
         base = bh * n
@@ -440,9 +437,10 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
                         _prefetch(v1, src, dw)
                     for t in range(_share(qptr, it2, u, nbk), _share(qptr, it2, u + 1, nbk)):
                         _prefetch(q1, (base2 + qp[qorder[t]]) * dw, dw)
-                _qblock_inline(q1, base, qp, kl, vl, ol, ow[:0], ml, ll, -y0, -x0, n, d, dw, bf,
-                               p, I, scale, first, last, local, local, lstart, lstep, tiles,
-                               (fused, False, block, chunk, precise), own)
+                _qblock(q1, base, qp, kl, vl, ol, ow[:0], ml, ll, -y0, -x0, n, d, dw, bf, p, I,
+                        scale, first, last, local, local, lstart, lstep, tile_ptr, tile_col,
+                        tile_mask, masks, maskt, grows, fused, False, block, chunk, precise,
+                        qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff)
             for t in range(qptr[it], qptr[it + 1]):
                 y = qorder[t]
                 i = base + qp[y]
@@ -456,9 +454,10 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
                 l1[i] = ll[y - y0]
         else:
             for I in range(I0, I1):
-                _qblock_inline(q1, base, qperm[p], k1, v1, o1, ow, m1, l1, base, base, n, d, dw,
-                               bf, p, I, scale, first, last, qperm[p], kperm_used, kstart,
-                               kstep, tiles, (fused, pf, block, chunk, precise), own)
+                _qblock(q1, base, qperm[p], k1, v1, o1, ow, m1, l1, base, base, n, d, dw, bf, p, I,
+                        scale, first, last, qperm[p], kperm_used, kstart, kstep, tile_ptr,
+                        tile_col, tile_mask, masks, maskt, grows, fused, pf, block, chunk, precise,
+                        qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff)
 
 
 
@@ -484,15 +483,14 @@ def _forward_pair(q1, ka, va, kb, vb, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf
         if (bh % H) % G != g:
             continue
         own = _views(bufs, numba.get_thread_id())
-        tiles = (tile_ptr, tile_col, tile_mask, masks, maskt, grows)
         base = bh * n
         for I in range((w % nseg) * seg, min(nb, (w % nseg + 1) * seg)):
             _qblock(q1, base, qperm[pa], ka, va, o1, ow, m1, l1, base, base, n, d, dw, bf, pa, I,
-                    scale, first, False, qperm[pa], kpa, kta, ksa, tiles,
-                    (fused, pf, block, chunk, precise), own)
+                    scale, first, False, qperm[pa], kpa, kta, ksa, tile_ptr, tile_col, tile_mask,
+                    masks, maskt, grows, fused, pf, block, chunk, precise, *own)
             _qblock(q1, base, qperm[pb], kb, vb, o1, ow, m1, l1, base, base, n, d, dw, bf, pb, I,
-                    scale, False, last, qperm[pb], kpb, ktb, ksb, tiles,
-                    (fused, pf, block, chunk, precise), own)
+                    scale, False, last, qperm[pb], kpb, ktb, ksb, tile_ptr, tile_col, tile_mask,
+                    masks, maskt, grows, fused, pf, block, chunk, precise, *own)
 
 
 def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=False,
