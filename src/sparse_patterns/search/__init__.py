@@ -293,7 +293,7 @@ def _run(client: Any, todo: list[dict[str, Any]], cache: Any, measured: tuple[st
         held = batch = []  # noqa: F841
 
 
-def _queued_tail(costs: list[int], share: float | None = None) -> int:
+def _queued_tail(costs: list[int], share: float = _QUEUED_TAIL) -> int:
     """Where the queued tail of a local cluster's tasks starts: the first index of the
     shortest tasks (``costs`` in decreasing order) whose expected costs add up to at most
     ``share`` (:data:`_QUEUED_TAIL`) of the total.
@@ -303,7 +303,6 @@ def _queued_tail(costs: list[int], share: float | None = None) -> int:
     >>> _queued_tail([50, 30, 8, 6, 4, 2], 0.1), _queued_tail([5, 5], 0.1), _queued_tail([], 0.1)
     (4, 2, 0)
     """
-    share = _QUEUED_TAIL if share is None else share
     limit, acc, i = share * sum(costs), 0, len(costs)
     while i > 0 and acc + costs[i - 1] <= limit:
         i -= 1
