@@ -306,14 +306,22 @@ def test_fma_peak_columns_for_useful_and_computed_throughput(monkeypatch):
     assert "% peak computed" in t.to_markdown().splitlines()[0]
 
 
-def test_fma_peak_by_dtype():
+def test_fma_peak_by_dtype(monkeypatch):
     from sparse_patterns.kernels.cpu import fma_peak
+    from sparse_patterns.kernels.cpu._llvm import _AVX512_BF16
     from sparse_patterns.profiling._machine import fma_peak_gflops
 
     f32 = fma_peak("float32") / 1e9  # cached per process: the same measurement
     assert fma_peak_gflops("float32")[0] == f32 and fma_peak_gflops("float16")[0] == f32
     assert fma_peak_gflops("float64")[0] == f32 / 2
-    assert fma_peak_gflops("bfloat16")[0] == fma_peak("bfloat16") / 1e9
+    # bf16 inputs widened to float32 (forced here; by default where vdpbf16ps is slower)
+    monkeypatch.setenv("SPARSE_PATTERNS_BF16", "widen")
+    rate, what = fma_peak_gflops("bfloat16")
+    assert rate == f32 and "widened" in what
+    if _AVX512_BF16:  # run on bf16 products: their own peak
+        monkeypatch.setenv("SPARSE_PATTERNS_BF16", "products")
+        rate, what = fma_peak_gflops("bfloat16")
+        assert rate == fma_peak("bfloat16") / 1e9 and what.startswith("FMA peak bfloat16")
 
 
 def test_flex_impl_runs_its_own_plan_and_is_checked():
