@@ -73,7 +73,7 @@ from ._schedule import (
     _forward_steps,
     _group_rows,
     _masks_t,
-    _prefetch_share,
+    _share,
 )
 from ._softmax import _exp_rows, _mask_tile_t, _softmax_cols
 
@@ -105,12 +105,11 @@ _PREFETCH = True
 
 
 @numba.njit(cache=True, fastmath=_FM)
-def _qblocks(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf, p, I0, I1,
-             scale, first, last, qmap, kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask,
-             masks, maskt, grows, fused, pf, nxt, block, chunk, precise, qbuf, kbuf, vbuf, sbuf,
-             obuf, mrow, lrow, cmax, msub, csum, alpha, roff):  # pragma: no cover - compiled
-    """Query blocks ``I0 <= I < I1`` of piece ``p`` for one (batch, head), in one call (not
-    one a block, ~250 words of arguments each): each continues the online
+def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf, p, I, scale,
+            first, last, qmap, kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks,
+            maskt, grows, fused, pf, block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow,
+            lrow, cmax, msub, csum, alpha, roff):  # pragma: no cover - compiled
+    """Query block ``I`` of piece ``p`` for one (batch, head): continues the online
     softmax of its queries over chunks of tiles. Position ``x`` of the piece's order
     is row ``qbase + qrows[x]`` of ``q1``, row ``base + qmap[x]`` of the state, and its key
     and value row ``kbase + kperm_used[x]``. Between pieces of one softmax group the state of each
@@ -122,242 +121,234 @@ def _qblocks(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf
     :func:`forward_bf16`) ``d / 2`` float32 words each holding two bf16 (``P V`` pairs
     value rows in registers). Every chunk of a bf16 block is whole 32-token tiles (see
     :func:`._bf16.bf16_applies`). ``pf``: a block used in place asks for the
-    next block's rows (:data:`_PREFETCH`); ``nxt``, ``(on, k1, v1, rows, nk, nq)``: with
-    ``on``, block ``u`` of the ``I1 - I0`` asks for share ``u`` of the rows the next work item
-    copies (:func:`_prefetch_share`). ``ow`` not empty (with ``last``): the output rows go
-    there as bf16 words, row ``i`` at ``ow[i*d]``, and not to ``o1``."""
+    next block's rows (:data:`_PREFETCH`). ``ow`` not empty (with ``last``): the output
+    rows go there as bf16 words, row ``i`` at ``ow[i*d]``, and not to ``o1``."""
     _wide()
     nb = (n + block - 1) // block
     ninf = -np.inf
     unit = 1.0 if precise else _LOG2E  # float32 scores in base-2 units (exp2 is cheaper)
-    pf_on, kg, vg, pfrows, pfk, pfq = nxt
-    for I in range(I0, I1):
-        if pf_on:  # block u of the I1 - I0 asks for share u of the next item's rows
-            _prefetch_share(q1, kg, vg, pfrows, pfk, pfq, I - I0, I1 - I0, dw)
-        t0 = tile_ptr[p * nb + I]
-        t1 = tile_ptr[p * nb + I + 1]
-        if t0 == t1 and not first and not last:
-            continue
-        rows = min(block, n - I * block)
-        x0 = I * block
-        # in place: where the block's rows are consecutive rows of the state and every
-        # chunk is whole 32-token float32 tiles, P V (_pv32) accumulates straight into
-        # those rows of o1 and the last piece normalizes them there, with no copy to and
-        # from ``obuf``
-        inplace = fused and rows == 32 and d % 16 == 0 and t0 < t1
-        if inplace:
-            for r in range(1, rows):
-                if qmap[x0 + r] != qmap[x0] + r:
-                    inplace = False
-                    break
-            for t in range(t0, t1):
-                if (tile_col[t] + 1) * block > n:
-                    inplace = False
-                    break
-        # the output as words (``ow``): the last piece keeps the rows in ``obuf`` and rounds
-        # them from there, so that the float32 rows of ``o1`` are read but never written
-        words = inplace and last and ow.size > 0
-        oo = (base + qmap[x0]) * d  # the block's first row in o1 (ow) where in place
-        if words:
-            ob, ooff = obuf, 0
-            if first:
-                _zero(obuf, 0, rows * d)
-            else:
-                _copy(obuf, 0, o1, oo, rows * d)
-            # the words' lines, written at the end (without: their misses made the words
-            # slower than a pass over the float32 output)
-            _prefetch(ow, oo, rows * d)
-        elif inplace:
-            ob, ooff = o1, oo
-            if first:
-                _zero(o1, ooff, rows * d)
+    t0 = tile_ptr[p * nb + I]
+    t1 = tile_ptr[p * nb + I + 1]
+    if t0 == t1 and not first and not last:
+        return
+    rows = min(block, n - I * block)
+    x0 = I * block
+    # in place: where the block's rows are consecutive rows of the state and every
+    # chunk is whole 32-token float32 tiles, P V (_pv32) accumulates straight into
+    # those rows of o1 and the last piece normalizes them there, with no copy to and
+    # from ``obuf``
+    inplace = fused and rows == 32 and d % 16 == 0 and t0 < t1
+    if inplace:
+        for r in range(1, rows):
+            if qmap[x0 + r] != qmap[x0] + r:
+                inplace = False
+                break
+        for t in range(t0, t1):
+            if (tile_col[t] + 1) * block > n:
+                inplace = False
+                break
+    # the output as words (``ow``): the last piece keeps the rows in ``obuf`` and rounds
+    # them from there, so that the float32 rows of ``o1`` are read but never written
+    words = inplace and last and ow.size > 0
+    oo = (base + qmap[x0]) * d  # the block's first row in o1 (ow) where in place
+    if words:
+        ob, ooff = obuf, 0
+        if first:
+            _zero(obuf, 0, rows * d)
         else:
-            ob, ooff = obuf, 0
-        for r in range(rows):
-            i = base + qmap[x0 + r]
-            if first:
-                mrow[r] = ninf
-                lrow[r] = 0.0
-                if not inplace:
-                    _zero(obuf, r * d, d)
-            else:
-                mrow[r] = m1[i]
-                lrow[r] = l1[i]
-                if not inplace:
-                    _copy(obuf, r * d, o1, i * d, d)
-        if t0 < t1:  # Q^T (d x rows): the score product is then a fast NN gemm
-            if rows % 16 == 0 and d % 16 == 0:
-                for r in range(rows):
-                    roff[r] = (qbase + qrows[x0 + r]) * dw
-                for r0 in range(0, rows, 16):
-                    for c0 in range(0, dw, 16):
-                        _transpose16(q1, roff, r0, c0, qbuf, c0 * rows + r0, rows)
-            else:
-                for r in range(rows):
-                    src = (qbase + qrows[x0 + r]) * d
-                    for c in range(d):
-                        qbuf[c * rows + r] = q1[src + c]
-        # with ``pf``, a block in place asks for the next block's rows (of a piece in token
-        # order: the window's) while it computes, in three parts spread over the block: its
-        # query rows now, its state after the scores, its last tile's keys and values after
-        # P V (see _PREFETCH)
-        nq, nrows = -1, 0  # the next block's first row and its rows
-        if pf and inplace and I + 1 < nb:
-            nq = base + qmap[x0 + block]
-            nrows = min(block, n - (I + 1) * block)
-            _prefetch(q1, (qbase + qrows[x0 + block]) * dw, nrows * dw)
-        for c0 in range(t0, t1, chunk):
-            c1 = min(t1, c0 + chunk)
-            J0 = tile_col[c0]
-            run = kstep[J0] == 1
-            dense = tile_mask[c0] < 0  # whole tiles only: _pv32_dense's 8-query blocks apply
-            for t in range(c0 + 1, c1):
+            _copy(obuf, 0, o1, oo, rows * d)
+        # the words' lines, written at the end (without: their misses made the words
+        # slower than a pass over the float32 output)
+        _prefetch(ow, oo, rows * d)
+    elif inplace:
+        ob, ooff = o1, oo
+        if first:
+            _zero(o1, ooff, rows * d)
+    else:
+        ob, ooff = obuf, 0
+    for r in range(rows):
+        i = base + qmap[x0 + r]
+        if first:
+            mrow[r] = ninf
+            lrow[r] = 0.0
+            if not inplace:
+                _zero(obuf, r * d, d)
+        else:
+            mrow[r] = m1[i]
+            lrow[r] = l1[i]
+            if not inplace:
+                _copy(obuf, r * d, o1, i * d, d)
+    if t0 < t1:  # Q^T (d x rows): the score product is then a fast NN gemm
+        if rows % 16 == 0 and d % 16 == 0:
+            for r in range(rows):
+                roff[r] = (qbase + qrows[x0 + r]) * dw
+            for r0 in range(0, rows, 16):
+                for c0 in range(0, dw, 16):
+                    _transpose16(q1, roff, r0, c0, qbuf, c0 * rows + r0, rows)
+        else:
+            for r in range(rows):
+                src = (qbase + qrows[x0 + r]) * d
+                for c in range(d):
+                    qbuf[c * rows + r] = q1[src + c]
+    # with ``pf``, a block in place asks for the next block's rows (of a piece in token
+    # order: the window's) while it computes, in three parts spread over the block: its
+    # query rows now, its state after the scores, its last tile's keys and values after
+    # P V (see _PREFETCH)
+    nq, nrows = -1, 0  # the next block's first row and its rows
+    if pf and inplace and I + 1 < nb:
+        nq = base + qmap[x0 + block]
+        nrows = min(block, n - (I + 1) * block)
+        _prefetch(q1, (qbase + qrows[x0 + block]) * dw, nrows * dw)
+    for c0 in range(t0, t1, chunk):
+        c1 = min(t1, c0 + chunk)
+        J0 = tile_col[c0]
+        run = kstep[J0] == 1
+        dense = tile_mask[c0] < 0  # whole tiles only: _pv32_dense's 8-query blocks apply
+        for t in range(c0 + 1, c1):
+            J = tile_col[t]
+            if J != J0 + (t - c0) or kstep[J] != 1 or kstart[J] != kstart[J0] + (J - J0) * block:
+                run = False
+            if tile_mask[t] >= 0:
+                dense = False
+        if run:  # contiguous key rows, used in place
+            ka, va, koff = k1, v1, (kbase + kstart[J0]) * dw
+            nk = min(n, (J0 + c1 - c0) * block) - J0 * block
+        else:
+            nk = 0
+            for t in range(c0, c1):
                 J = tile_col[t]
-                if (J != J0 + (t - c0) or kstep[J] != 1
-                        or kstart[J] != kstart[J0] + (J - J0) * block):
-                    run = False
+                cols = min(block, n - J * block)
+                for x in range(cols):
+                    src = (kbase + kperm_used[J * block + x]) * dw
+                    _copy(kbuf, (nk + x) * dw, k1, src, dw)
+                    _copy(vbuf, (nk + x) * dw, v1, src, dw)
+                nk += cols
+            ka, va, koff = kbuf, vbuf, 0
+        # scores, transposed: st (nk keys x rows queries, row-major) = scale K Q^T
+        st = sbuf[: nk * rows].reshape((nk, rows))
+        whole = fused and rows == 32 and nk == 32 * (c1 - c0)  # whole 32 x 32 float32 tiles
+        if whole:
+            for r in range(rows):
+                cmax[r] = mrow[r]
+            if bf:  # bf16 pair products; P stored as bf16 pairs
+                _scores32_bf16(ka, koff, qbuf, sbuf, c1 - c0, dw, scale * unit, tile_mask, c0,
+                               maskt, cmax)
+                _exp32_bf16(sbuf, nk, cmax, csum)
+            else:
+                _scores32(ka, koff, qbuf, sbuf, c1 - c0, d, scale * unit, tile_mask, c0, maskt,
+                          cmax)
+                _exp32(sbuf, nk, cmax, csum)
+        else:
+            _gemm(_N, _N, rows, nk, d, scale * unit, qbuf, 0, rows, ka, koff, d, 0.0, sbuf, 0, rows)
+            off = 0
+            for t in range(c0, c1):
+                cols = min(block, n - tile_col[t] * block)
                 if tile_mask[t] >= 0:
-                    dense = False
-            if run:  # contiguous key rows, used in place
-                ka, va, koff = k1, v1, (kbase + kstart[J0]) * dw
-                nk = min(n, (J0 + c1 - c0) * block) - J0 * block
-            else:
-                nk = 0
+                    _mask_tile_t(st, off, cols, rows, masks, tile_mask[t])
+                off += cols
+            _softmax_cols(st, nk, rows, mrow, cmax, msub, csum, precise)
+        if nq >= 0 and c0 == t0:  # the next block's state
+            _prefetch(o1, nq * d, nrows * d)
+            _prefetch(m1, nq, nrows)
+            _prefetch(l1, nq, nrows)
+        for r in range(rows):  # alpha = exp(old max - new max); 1 where nothing changes
+            alpha[r] = mrow[r] - cmax[r] if cmax[r] != ninf else 0.0
+        _exp_rows(alpha, rows, precise)
+        for r in range(rows):
+            lrow[r] = lrow[r] * alpha[r] + csum[r]
+            if cmax[r] != ninf:
+                mrow[r] = cmax[r]
+        if whole and d % 16 == 0:
+            # each group of 4 queries sees key rows lo .. hi of the chunk (from the
+            # masks of its first and last tile that hold any of its queries)
+            full = grows.size // 16 - 1
+            lo, hi = roff[:8], roff[8:16]
+            for g in range(8):
+                lo[g] = 0
+                hi[g] = 0
                 for t in range(c0, c1):
-                    J = tile_col[t]
-                    cols = min(block, n - J * block)
-                    for x in range(cols):
-                        src = (kbase + kperm_used[J * block + x]) * dw
-                        _copy(kbuf, (nk + x) * dw, k1, src, dw)
-                        _copy(vbuf, (nk + x) * dw, v1, src, dw)
-                    nk += cols
-                ka, va, koff = kbuf, vbuf, 0
-            # scores, transposed: st (nk keys x rows queries, row-major) = scale K Q^T
-            st = sbuf[: nk * rows].reshape((nk, rows))
-            whole = fused and rows == 32 and nk == 32 * (c1 - c0)  # whole 32 x 32 float32 tiles
-            if whole:
-                for r in range(rows):
-                    cmax[r] = mrow[r]
-                if bf:  # bf16 pair products; P stored as bf16 pairs
-                    _scores32_bf16(ka, koff, qbuf, sbuf, c1 - c0, dw, scale * unit, tile_mask, c0,
-                                   maskt, cmax)
-                    _exp32_bf16(sbuf, nk, cmax, csum)
-                else:
-                    _scores32(ka, koff, qbuf, sbuf, c1 - c0, d, scale * unit, tile_mask, c0, maskt,
-                              cmax)
-                    _exp32(sbuf, nk, cmax, csum)
-            else:
-                _gemm(_N, _N, rows, nk, d, scale * unit, qbuf, 0, rows, ka, koff, d, 0.0, sbuf, 0,
-                      rows)
-                off = 0
-                for t in range(c0, c1):
-                    cols = min(block, n - tile_col[t] * block)
-                    if tile_mask[t] >= 0:
-                        _mask_tile_t(st, off, cols, rows, masks, tile_mask[t])
-                    off += cols
-                _softmax_cols(st, nk, rows, mrow, cmax, msub, csum, precise)
-            if nq >= 0 and c0 == t0:  # the next block's state
-                _prefetch(o1, nq * d, nrows * d)
-                _prefetch(m1, nq, nrows)
-                _prefetch(l1, nq, nrows)
-            for r in range(rows):  # alpha = exp(old max - new max); 1 where nothing changes
-                alpha[r] = mrow[r] - cmax[r] if cmax[r] != ninf else 0.0
-            _exp_rows(alpha, rows, precise)
+                    mi = tile_mask[t] if tile_mask[t] >= 0 else full
+                    if grows[mi * 16 + 2 * g] < 32:
+                        lo[g] = (t - c0) * 32 + grows[mi * 16 + 2 * g]
+                        break
+                for t in range(c1 - 1, c0 - 1, -1):
+                    mi = tile_mask[t] if tile_mask[t] >= 0 else full
+                    if grows[mi * 16 + 2 * g + 1] > 0:
+                        hi[g] = (t - c0) * 32 + grows[mi * 16 + 2 * g + 1]
+                        break
+            post = msub  # free in the fused path: 1, or 1 / l after the last chunk
+            final = inplace and last and c1 == t1
             for r in range(rows):
-                lrow[r] = lrow[r] * alpha[r] + csum[r]
-                if cmax[r] != ninf:
-                    mrow[r] = cmax[r]
-            if whole and d % 16 == 0:
-                # each group of 4 queries sees key rows lo .. hi of the chunk (from the
-                # masks of its first and last tile that hold any of its queries)
-                full = grows.size // 16 - 1
-                lo, hi = roff[:8], roff[8:16]
-                for g in range(8):
-                    lo[g] = 0
-                    hi[g] = 0
-                    for t in range(c0, c1):
-                        mi = tile_mask[t] if tile_mask[t] >= 0 else full
-                        if grows[mi * 16 + 2 * g] < 32:
-                            lo[g] = (t - c0) * 32 + grows[mi * 16 + 2 * g]
-                            break
-                    for t in range(c1 - 1, c0 - 1, -1):
-                        mi = tile_mask[t] if tile_mask[t] >= 0 else full
-                        if grows[mi * 16 + 2 * g + 1] > 0:
-                            hi[g] = (t - c0) * 32 + grows[mi * 16 + 2 * g + 1]
-                            break
-                post = msub  # free in the fused path: 1, or 1 / l after the last chunk
-                final = inplace and last and c1 == t1
-                for r in range(rows):
-                    post[r] = 1.0
-                    if final and lrow[r] != 0.0:
-                        post[r] = 1.0 / lrow[r]
-                if bf:
-                    if dense:
-                        _pv32_dense_bf16(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)
-                    else:
-                        _pv32_bf16(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)
-                    if words and final:
-                        _narrow16(obuf, ow[oo:], 0, rows * d, True)
-                elif dense:  # 8-query blocks read each value row half as often
-                    _pv32_dense(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)
+                post[r] = 1.0
+                if final and lrow[r] != 0.0:
+                    post[r] = 1.0 / lrow[r]
+            if bf:
+                if dense:
+                    _pv32_dense_bf16(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)
                 else:
-                    _pv32(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)
-                if nq >= 0 and c0 == t0:  # the keys and values of the next block's last tile
-                    tn0, tn1 = tile_ptr[p * nb + I + 1], tile_ptr[p * nb + I + 2]
-                    if tn1 > tn0 and kstep[tile_col[tn1 - 1]] == 1:
-                        Jn = tile_col[tn1 - 1]
-                        kn = (kbase + kstart[Jn]) * dw
-                        cn = min(block, n - Jn * block) * dw
-                        _prefetch(k1, kn, cn)
-                        _prefetch(v1, kn, cn)
+                    _pv32_bf16(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)
+                if words and final:
+                    _narrow16(obuf, ow[oo:], 0, rows * d, True)
+            elif dense:  # 8-query blocks read each value row half as often
+                _pv32_dense(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)  # in place
             else:
-                for r in range(rows):
-                    a = alpha[r]
-                    if a != 1.0:
-                        orow = obuf[r * d: (r + 1) * d]  # a view: its loop vectorizes (see _copy)
-                        for c in range(d):
-                            orow[c] *= a
-                # o (rows x d, row-major) += P V, with P^T = st
-                _gemm(_N, _T, d, rows, nk, 1.0, va, koff, d, sbuf, 0, rows, 1.0, obuf, 0, d)
-        if inplace:  # the rows of o1 hold the state, or the output if ``last``
+                _pv32(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)
+            if nq >= 0 and c0 == t0:  # the keys and values of the next block's last tile
+                tn0, tn1 = tile_ptr[p * nb + I + 1], tile_ptr[p * nb + I + 2]
+                if tn1 > tn0 and kstep[tile_col[tn1 - 1]] == 1:
+                    Jn = tile_col[tn1 - 1]
+                    kn = (kbase + kstart[Jn]) * dw
+                    cn = min(block, n - Jn * block) * dw
+                    _prefetch(k1, kn, cn)
+                    _prefetch(v1, kn, cn)
+        else:
             for r in range(rows):
-                i = base + qmap[x0 + r]
-                if not last:
-                    m1[i] = mrow[r]
-                    l1[i] = lrow[r]
-                elif lrow[r] == 0.0:  # no key in this row (NaN scores leave l NaN, not 0)
-                    if ow.size > 0:
-                        _zero(ow, i * d, d)
-                    else:
-                        _zero(o1, i * d, d)
-                    m1[i] = ninf
-                else:
-                    m1[i] = mrow[r] / unit + math.log(lrow[r])
-            continue
+                a = alpha[r]
+                if a != 1.0:
+                    orow = obuf[r * d: (r + 1) * d]  # a view: its loop vectorizes (see _copy)
+                    for c in range(d):
+                        orow[c] *= a
+            # o (rows x d, row-major) += P V, with P^T = st
+            _gemm(_N, _T, d, rows, nk, 1.0, va, koff, d, sbuf, 0, rows, 1.0, obuf, 0, d)
+    if inplace:  # the rows of o1 hold the state, or the output if ``last``
         for r in range(rows):
             i = base + qmap[x0 + r]
-            if last:
-                li = lrow[r]
-                if li == 0.0:  # no key in this row (NaN scores leave l NaN, not 0)
-                    if ow.size > 0:
-                        _zero(ow, i * d, d)
-                    else:
-                        _zero(o1, i * d, d)
-                    m1[i] = ninf
-                else:
-                    inv = 1.0 / li
-                    # views: a loop over two offsets into flat arrays is not vectorized, ~10x slower
-                    dst = obuf[r * d: (r + 1) * d] if ow.size > 0 else o1[i * d: (i + 1) * d]
-                    src = obuf[r * d: (r + 1) * d]
-                    for c in range(d):
-                        dst[c] = src[c] * inv
-                    if ow.size > 0:
-                        _narrow16(obuf[r * d:], ow[i * d:], 0, d, True)
-                    m1[i] = mrow[r] / unit + math.log(li)
-            else:
-                _copy(o1, i * d, obuf, r * d, d)
+            if not last:
                 m1[i] = mrow[r]
                 l1[i] = lrow[r]
+            elif lrow[r] == 0.0:  # no key in this row (NaN scores leave l NaN, not 0)
+                if ow.size > 0:
+                    _zero(ow, i * d, d)
+                else:
+                    _zero(o1, i * d, d)
+                m1[i] = ninf
+            else:
+                m1[i] = mrow[r] / unit + math.log(lrow[r])
+        return
+    for r in range(rows):
+        i = base + qmap[x0 + r]
+        if last:
+            li = lrow[r]
+            if li == 0.0:  # no key in this row (NaN scores leave l NaN, not 0)
+                if ow.size > 0:
+                    _zero(ow, i * d, d)
+                else:
+                    _zero(o1, i * d, d)
+                m1[i] = ninf
+            else:
+                inv = 1.0 / li
+                # views: a loop over two offsets into flat arrays is not vectorized, ~10x slower
+                dst = obuf[r * d: (r + 1) * d] if ow.size > 0 else o1[i * d: (i + 1) * d]
+                src = obuf[r * d: (r + 1) * d]
+                for c in range(d):
+                    dst[c] = src[c] * inv
+                if ow.size > 0:
+                    _narrow16(obuf[r * d:], ow[i * d:], 0, d, True)
+                m1[i] = mrow[r] / unit + math.log(li)
+        else:
+            _copy(o1, i * d, obuf, r * d, d)
+            m1[i] = mrow[r]
+            l1[i] = lrow[r]
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
@@ -374,7 +365,7 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
     read where they are, once a block (into ``Q^T``). ``copies`` (from
     :func:`_copy_orders`) lists, per work item, the positions to copy in the order that
     moves rows fastest. ``dw, bf`` and ``ow`` (the output's bf16 words, written where the
-    piece is ``last``): as in :func:`_qblocks`.
+    piece is ``last``): as in :func:`_qblock`.
     ``nt``: a work item stores its state back with non-temporal stores."""
     _wide()
     n = m1.shape[0] // BH
@@ -396,32 +387,21 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
     # way), where each row is whole cache lines, stored without reading them first (the
     # strided forward at n = 16,384 2.3% faster, A/B)
     whole_lines = nt and (d * o1.itemsize) % 64 == 0 and o1.ctypes.data % 64 == 0
-    kx0, kptr, korder, qptr, qorder = copies
-    wpf = np.empty((T, np.diff(kptr).max() + np.diff(qptr).max() if span > 0 else 0), np.int64)
     for w in prange((bh1 - bh0) * nseg):
         bh = bh0 + w // nseg
         if (bh % H) % G != g:
             continue
         tid = numba.get_thread_id()
-        own = _views(bufs, tid)
+        qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff = _views(bufs, tid)
         I0 = (w % nseg) * seg
-        I1, base, qp = min(nb, I0 + seg), bh * n, qperm[p]
-        # with ``pf``, a work item that copies asks for the next one's rows of q, k, v into
-        # L2, a share a query block (see _PREFETCH), their offsets listed here (one type)
-        w2, pfk, pfq = w + 1, 0, 0
-        if pf and span > 0 and w2 < (bh1 - bh0) * nseg:
-            it2, base2 = w2 % nseg, (bh0 + w2 // nseg) * n
-            pfk, pfq = kptr[it2 + 1] - kptr[it2], qptr[it2 + 1] - qptr[it2]
-            for t in range(pfk):
-                wpf[tid, t] = (base2 + kperm_used[korder[kptr[it2] + t]]) * dw
-            for t in range(pfq):
-                wpf[tid, pfk + t] = (base2 + qp[qorder[qptr[it2] + t]]) * dw
-        nxt = (pfk > 0 or pfq > 0, k1, v1, wpf[tid], pfk, pfq)
+        I1 = min(nb, I0 + seg)
+        base = bh * n
         if span > 0:
             # this work item's keys, values and softmax state, copied into buffers of its
             # own (one array at a time: see _copy_orders); its query rows are transposed
             # into Q^T from where they are, block by block (each row is read once either
             # way; copied first, the strided forward at n = 16,384 was about 1% slower)
+            kx0, kptr, korder, qptr, qorder = copies
             it = w % nseg
             x0 = kx0[it]
             kl, vl = wkl[tid, 0], wkl[tid, 1]
@@ -432,6 +412,7 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
                 x = korder[t]
                 _copy(vl, (x - x0) * dw, v1, (base + kperm_used[x]) * dw, dw)
             y0 = I0 * block
+            qp = qperm[p]
             ol = wol[tid]
             ml, ll = wml[tid, 0], wml[tid, 1]
             if not first:
@@ -441,9 +422,25 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
                     _copy(ol, (y - y0) * d, o1, i * d, d)
                     ml[y - y0] = m1[i]
                     ll[y - y0] = l1[i]
-            _qblocks(q1, base, qp, kl, vl, ol, ow[:0], ml, ll, -y0, -x0, n, d, dw, bf, p, I0, I1,
-                     scale, first, last, local, local, lstart, lstep, tile_ptr, tile_col,
-                     tile_mask, masks, maskt, grows, fused, False, nxt, block, chunk, precise, *own)
+            # with ``pf``, the next work item's rows of q, k and v, asked for into L2 a
+            # share at a time over this one's query blocks (see _PREFETCH)
+            w2 = w + 1
+            pf_on = pf and w2 < (bh1 - bh0) * nseg
+            it2 = w2 % nseg
+            base2 = (bh0 + w2 // nseg) * n
+            for I in range(I0, I1):
+                if pf_on:  # block u of the item's I1 - I0 asks for share u of the rows
+                    u, nbk = I - I0, I1 - I0
+                    for t in range(_share(kptr, it2, u, nbk), _share(kptr, it2, u + 1, nbk)):
+                        src = (base2 + kperm_used[korder[t]]) * dw
+                        _prefetch(k1, src, dw)
+                        _prefetch(v1, src, dw)
+                    for t in range(_share(qptr, it2, u, nbk), _share(qptr, it2, u + 1, nbk)):
+                        _prefetch(q1, (base2 + qp[qorder[t]]) * dw, dw)
+                _qblock(q1, base, qp, kl, vl, ol, ow[:0], ml, ll, -y0, -x0, n, d, dw, bf, p, I,
+                        scale, first, last, local, local, lstart, lstep, tile_ptr, tile_col,
+                        tile_mask, masks, maskt, grows, fused, False, block, chunk, precise,
+                        qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff)
             for t in range(qptr[it], qptr[it + 1]):
                 y = qorder[t]
                 i = base + qp[y]
@@ -456,9 +453,12 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
                 m1[i] = ml[y - y0]
                 l1[i] = ll[y - y0]
         else:
-            _qblocks(q1, base, qp, k1, v1, o1, ow, m1, l1, base, base, n, d, dw, bf, p, I0, I1,
-                     scale, first, last, qp, kperm_used, kstart, kstep, tile_ptr, tile_col,
-                     tile_mask, masks, maskt, grows, fused, pf, nxt, block, chunk, precise, *own)
+            for I in range(I0, I1):
+                _qblock(q1, base, qperm[p], k1, v1, o1, ow, m1, l1, base, base, n, d, dw, bf, p, I,
+                        scale, first, last, qperm[p], kperm_used, kstart, kstep, tile_ptr,
+                        tile_col, tile_mask, masks, maskt, grows, fused, pf, block, chunk, precise,
+                        qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff)
+
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
@@ -472,27 +472,25 @@ def _forward_pair(q1, ka, va, kb, vb, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf
     of through memory a whole call later. ``pa`` reads keys and values ``ka, va`` (its
     ``kperm_used, kstart, kstep``: ``kpa, kta, ksa``), ``pb`` reads ``kb, vb`` (``kpb,
     ktb, ksb``); ``first``: ``pa`` starts the group; ``last``: ``pb`` ends it. ``dw, bf``:
-    as in :func:`_qblocks`."""
+    as in :func:`_qblock`."""
     _wide()
     n = m1.shape[0] // BH
     nb = (n + block - 1) // block
     nseg = (nb + seg - 1) // seg
     bufs = _thread_buffers(T, block, chunk, d, q1)
-    z = np.zeros(2, np.int64)
     for w in prange((bh1 - bh0) * nseg):
         bh = bh0 + w // nseg
         if (bh % H) % G != g:
             continue
         own = _views(bufs, numba.get_thread_id())
         base = bh * n
-        nxt = (pf and bh < 0, ka, va, z, bh - bh, bh - bh)  # no next item asked for
         for I in range((w % nseg) * seg, min(nb, (w % nseg + 1) * seg)):
-            _qblocks(q1, base, qperm[pa], ka, va, o1, ow, m1, l1, base, base, n, d, dw, bf, pa, I,
-                     I + 1, scale, first, False, qperm[pa], kpa, kta, ksa, tile_ptr, tile_col,
-                     tile_mask, masks, maskt, grows, fused, pf, nxt, block, chunk, precise, *own)
-            _qblocks(q1, base, qperm[pb], kb, vb, o1, ow, m1, l1, base, base, n, d, dw, bf, pb, I,
-                     I + 1, scale, False, last, qperm[pb], kpb, ktb, ksb, tile_ptr, tile_col,
-                     tile_mask, masks, maskt, grows, fused, pf, nxt, block, chunk, precise, *own)
+            _qblock(q1, base, qperm[pa], ka, va, o1, ow, m1, l1, base, base, n, d, dw, bf, pa, I,
+                    scale, first, False, qperm[pa], kpa, kta, ksa, tile_ptr, tile_col, tile_mask,
+                    masks, maskt, grows, fused, pf, block, chunk, precise, *own)
+            _qblock(q1, base, qperm[pb], kb, vb, o1, ow, m1, l1, base, base, n, d, dw, bf, pb, I,
+                    scale, False, last, qperm[pb], kpb, ktb, ksb, tile_ptr, tile_col, tile_mask,
+                    masks, maskt, grows, fused, pf, block, chunk, precise, *own)
 
 
 def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=False,
@@ -501,7 +499,7 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
     log-sum-exp); head ``h`` uses group ``h % G``. The pieces of a group continue one
     online softmax per token, in the order of :func:`_forward_steps`; between them the
     unnormalized output lives in ``o1``'s rows, which the last piece normalizes.
-    ``bf``: ``q1, k1, v1`` are bf16, as float32 words of two (see :func:`_qblocks`);
+    ``bf``: ``q1, k1, v1`` are bf16, as float32 words of two (see :func:`_qblock`);
     ``ow`` (with ``bf``): the output's bf16 words, ``o1`` then only holding the state."""
     ensure_blas()
     ow = np.empty(0, np.uint16) if ow is None else ow

@@ -37,7 +37,7 @@ def _aligned(size, like):  # pragma: no cover - compiled
 
 @numba.njit(cache=True)
 def _thread_buffers(T, block, chunk, d, like):  # pragma: no cover - compiled
-    """The buffers of :func:`._forward._qblocks` for each of ``T`` threads, allocated once per
+    """The buffers of :func:`._forward._qblock` for each of ``T`` threads, allocated once per
     call (not per work item), on cache lines: queries and output rows, keys and values
     of a chunk, its scores, six row vectors and the row offsets."""
     wq = _aligned(T * 2 * block * d, like).reshape((T, 2, block * d))
@@ -50,7 +50,7 @@ def _thread_buffers(T, block, chunk, d, like):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, inline="always")
 def _views(bufs, tid):  # pragma: no cover - compiled
-    """Thread ``tid``'s buffers from :func:`_thread_buffers`, in :func:`._forward._qblocks`'s
+    """Thread ``tid``'s buffers from :func:`_thread_buffers`, in :func:`._forward._qblock`'s
     argument order: ``qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha,
     roff``."""
     wq, wkv, ws, wr, wi = bufs

@@ -14,13 +14,12 @@ import numba
 import numpy as np
 
 from ..planning import residue_perm
-from ._llvm import _prefetch
 
 __all__ = [
     "_CHUNK", "_CHUNK_FUSED", "_LOCAL_ROWS", "_COPY_RUN", "_ITEM_BLOCKS", "_NO_MASKS", "_NO_ROWS",
     "_block_steps", "_residues", "_item_span", "_copy_order", "_copy_orders",
     "_forward_steps", "_masks_t", "_group_rows", "_backward_items", "_finished_blocks",
-    "_prefetch_share",
+    "_share",
 ]
 
 _CHUNK = 8  # tiles gathered per step (keys per score matrix: _CHUNK * block)
@@ -31,15 +30,9 @@ _CHUNK_FUSED = 24
 
 
 @numba.njit(cache=True, inline="always")
-def _prefetch_share(q1, k1, v1, rows, nk, nq, u, parts, dw):  # pragma: no cover - compiled
-    """Asks for share ``u`` of ``parts`` of the rows a work item copies: ``rows[:nk]`` are
-    the element offsets of its rows of ``k1`` and ``v1``, ``rows[nk: nk + nq]`` those of
-    its rows of ``q1`` (row length ``dw``)."""
-    for t in range(nk * u // parts, nk * (u + 1) // parts):
-        _prefetch(k1, rows[t], dw)
-        _prefetch(v1, rows[t], dw)
-    for t in range(nk + nq * u // parts, nk + nq * (u + 1) // parts):
-        _prefetch(q1, rows[t], dw)
+def _share(ptr, it, u, parts):  # pragma: no cover - compiled
+    """Where share ``u`` of ``parts`` of ``ptr[it]: ptr[it + 1]`` starts."""
+    return ptr[it] + (ptr[it + 1] - ptr[it]) * u // parts
 
 
 @numba.njit(cache=True)
