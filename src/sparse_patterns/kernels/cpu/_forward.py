@@ -56,7 +56,6 @@ from ._llvm import (
 from ._llvm_fwd import (
     _exp32,
     _exp32_bf16,
-    _pv32,
     _pv32_bf16,
     _pv32_dense,
     _pv32_dense_bf16,
@@ -134,7 +133,7 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
     rows = min(block, n - I * block)
     x0 = I * block
     # in place: where the block's rows are consecutive rows of the state and every
-    # chunk is whole 32-token float32 tiles, P V (_pv32) accumulates straight into
+    # chunk is whole 32-token float32 tiles, P V (_pv32_dense) accumulates straight into
     # those rows of o1 and the last piece normalizes them there, with no copy to and
     # from ``obuf``
     inplace = fused and rows == 32 and d % 16 == 0 and t0 < t1
@@ -203,7 +202,7 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
         c1 = min(t1, c0 + chunk)
         J0 = tile_col[c0]
         run = kstep[J0] == 1
-        dense = tile_mask[c0] < 0  # whole tiles only: _pv32_dense's 8-query blocks apply
+        dense = tile_mask[c0] < 0  # full tiles only: bf16's 8-query blocks apply
         for t in range(c0 + 1, c1):
             J = tile_col[t]
             if J != J0 + (t - c0) or kstep[J] != 1 or kstart[J] != kstart[J0] + (J - J0) * block:
@@ -289,10 +288,8 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
                     _pv32_bf16(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)
                 if words and final:
                     _narrow16(obuf, ow[oo:], 0, rows * d, True)
-            elif dense:  # 8-query blocks read each value row half as often
+            else:  # float32: blocks of 8 queries, partial tiles too (see _pv32_dense)
                 _pv32_dense(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)  # in place
-            else:
-                _pv32(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)
             if nq >= 0 and c0 == t0:  # the keys and values of the next block's last tile
                 tn0, tn1 = tile_ptr[p * nb + I + 1], tile_ptr[p * nb + I + 2]
                 if tn1 > tn0 and kstep[tile_col[tn1 - 1]] == 1:
