@@ -450,29 +450,22 @@ def test_prefetch_changes_nothing(name, n, params, mode, monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("dense", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("d", [16, 48, 64, 80, 128])
-def test_pv32_against_numpy(d, dtype, dense):
+def test_pv32_against_numpy(d, dtype):
     """The query-major ``O = diag(post) (diag(alpha) O + P V)`` of the fused path:
-    each group of 4 queries adds exactly the key rows ``lo[g] .. hi[g]`` (an empty
+    each group of 4 queries gets exactly the key rows ``lo[g] .. hi[g]`` (an empty
     range, one row and the whole chunk included), for ``d`` of whole and partial
-    column blocks (4 vectors; 2 in the 8-query blocks of ``_pv32_dense``), ``O`` at an
-    offset into a larger array, in place or written to another array. ``_pv32`` reads
-    no ``P`` outside a group's range; ``_pv32_dense`` may, where ``P`` is 0 (the
-    union of two groups' ranges), so its ``P`` is 0 there, as masked keys' are."""
+    column blocks (2 vectors, then 1), ``O`` at an offset into a larger array, in place
+    or written to another array. A block of 8 queries reads the union of its two
+    groups' ranges, where ``P`` is 0 outside each group's (as masked keys' is)."""
     import numba
 
-    from sparse_patterns.kernels.cpu._llvm_fwd import _pv32, _pv32_dense
+    from sparse_patterns.kernels.cpu._llvm_fwd import _pv32_dense
 
-    if dense:
-        @numba.njit
-        def run(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff):
-            _pv32_dense(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff)
-    else:
-        @numba.njit
-        def run(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff):
-            _pv32(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff)
+    @numba.njit
+    def run(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff):
+        _pv32_dense(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff)
 
     rng = np.random.default_rng(d)
     nk, koff, ooff = 96, 3 * d, 2 * d + 16
@@ -488,8 +481,7 @@ def test_pv32_against_numpy(d, dtype, dense):
     keep = np.zeros((32, nk), bool)
     for g in range(8):
         keep[4 * g: 4 * g + 4, lo[g]: hi[g]] = True
-    if dense:
-        st = np.where(keep.T, st.reshape(nk, 32), 0).astype(dtype).ravel()
+    st = np.where(keep.T, st.reshape(nk, 32), 0).astype(dtype).ravel()
     out = obuf.copy()
     run(va, koff, st, out, ooff, alpha, post, lo, hi, d, out, ooff)  # in place
     P = st.reshape(nk, 32).T.astype(np.float64)  # queries x keys
@@ -511,7 +503,7 @@ def test_pv32_against_numpy(d, dtype, dense):
 def test_group_rows_bound_what_each_query_group_sees():
     """For every partial-tile mask of a 32-token plan and every group of 4 queries,
     :func:`_group_rows` gives the first key any of them sees and one past the last:
-    the keys outside are masked for the whole group (what :func:`_pv32` skips)."""
+    the keys outside are masked for the whole group (what :func:`_pv32_dense` skips)."""
     from sparse_patterns.kernels.cpu._schedule import _group_rows, _masks_t
 
     pl = plan(sps.make("strided", 300, stride=40), mode="merged", block=32)

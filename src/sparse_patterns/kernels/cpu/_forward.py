@@ -56,7 +56,6 @@ from ._llvm import (
 from ._llvm_fwd import (
     _exp32,
     _exp32_bf16,
-    _pv32_bf16,
     _pv32_dense,
     _pv32_dense_bf16,
     _scores32,
@@ -202,13 +201,10 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
         c1 = min(t1, c0 + chunk)
         J0 = tile_col[c0]
         run = kstep[J0] == 1
-        dense = tile_mask[c0] < 0  # full tiles only: bf16's 8-query blocks apply
         for t in range(c0 + 1, c1):
             J = tile_col[t]
             if J != J0 + (t - c0) or kstep[J] != 1 or kstart[J] != kstart[J0] + (J - J0) * block:
                 run = False
-            if tile_mask[t] >= 0:
-                dense = False
         if run:  # contiguous key rows, used in place
             ka, va, koff = k1, v1, (kbase + kstart[J0]) * dw
             nk = min(n, (J0 + c1 - c0) * block) - J0 * block
@@ -282,13 +278,10 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
                 if final and lrow[r] != 0.0:
                     post[r] = 1.0 / lrow[r]
             if bf:
-                if dense:
-                    _pv32_dense_bf16(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)
-                else:
-                    _pv32_bf16(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)
+                _pv32_dense_bf16(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)
                 if words and final:
                     _narrow16(obuf, ow[oo:], 0, rows * d, True)
-            else:  # float32: blocks of 8 queries, partial tiles too (see _pv32_dense)
+            else:
                 _pv32_dense(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)  # in place
             if nq >= 0 and c0 == t0:  # the keys and values of the next block's last tile
                 tn0, tn1 = tile_ptr[p * nb + I + 1], tile_ptr[p * nb + I + 2]

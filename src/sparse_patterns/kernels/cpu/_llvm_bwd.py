@@ -1,7 +1,7 @@
 """Register-blocked passes of the float32 backward over 32-token tiles, numba
-intrinsics written in LLVM IR (the backward's counterpart of :mod:`._llvm`'s
-:func:`~._llvm._scores32` and :func:`~._llvm._pv32`), which :mod:`._backward` calls
-for every chunk of tiles of a key block.
+intrinsics written in LLVM IR (the backward's counterpart of :mod:`._llvm_fwd`'s
+:func:`~._llvm_fwd._scores32` and :func:`~._llvm_fwd._pv32_dense`), which
+:mod:`._backward` calls for every chunk of tiles of a key block.
 
 A chunk is ``m`` query rows (whole tiles of 32) against the block's 32 keys; a row
 ``r`` of ``Q``, ``dO`` and ``dQ`` starts at element ``roff[r]`` of its array (rows used

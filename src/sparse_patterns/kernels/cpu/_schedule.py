@@ -225,8 +225,8 @@ def _group_rows(maskt: np.ndarray) -> np.ndarray:
     """``int64 (M + 1, 8, 2)`` flattened, from :func:`_masks_t`'s words: for mask ``m``
     and query group ``g`` (queries ``4g .. 4g+3`` of a 32-token tile), the first key
     that any of them sees and one past the last (``32, 0`` if none sees one); the
-    last entry is the full tile, ``0, 32`` for every group (what :func:`_pv32` is
-    told to skip)."""
+    last entry is the full tile, ``0, 32`` for every group (what
+    :func:`._llvm_fwd._pv32_dense` is told to skip)."""
     words = maskt.reshape(-1, 32).astype(np.int64)  # (M + 1, key): query bits
     groups = (words[:, None, :] >> (4 * np.arange(8))[None, :, None]) & 0xF  # (M+1, 8, key)
     seen = groups != 0
