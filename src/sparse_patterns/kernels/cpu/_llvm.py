@@ -433,14 +433,9 @@ def _row_pairs(builder, sp, ra, rb, c0, W, vt):
 
 def _bf16_both(builder, lo, hi):
     """``<32 x i16>``: ``lo`` (16 float32) rounded to bf16 in elements 0-15 and ``hi`` in
-    16-31, ties to even, NaN kept: one ``vcvtne2ps2bf16`` where the CPU has AVX512_BF16
-    (else LLVM's ``fptrunc``, the same bits)."""
+    16-31, ties to even, NaN kept: one ``vcvtne2ps2bf16`` (AVX512_BF16, which every pass
+    that packs bf16 requires: see :func:`_bf16_ok`)."""
     ht = ir.VectorType(ir.IntType(16), 32)
-    if not _AVX512_BF16:
-        a, b = (builder.fptrunc(x, ir.VectorType(_BFloat(), 16)) for x in (lo, hi))
-        both = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 32),
-                                                        list(range(32))))
-        return builder.bitcast(both, ht)
     bt = ir.VectorType(_BFloat(), 32)
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(bt, [lo.type] * 2),
                                         "llvm.x86.avx512bf16.cvtne2ps2bf16.512")

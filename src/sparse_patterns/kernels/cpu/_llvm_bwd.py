@@ -328,8 +328,8 @@ def _dkv_codegen(bf16: bool):
                     t32 = builder.mul(tl.index, _I64(32))
                     lo = hi = None
                     for s in range(G // _GROUP):  # the union of the two groups' rows
-                        at = builder.add(t32, builder.mul(builder.add(builder.mul(g, _I64(2)),
-                                                                      _I64(s)), _I64(2)))
+                        grp = builder.add(builder.mul(g, _I64(G // _GROUP)), _I64(s))
+                        at = builder.add(t32, builder.mul(grp, _I64(2)))
                         x0 = builder.load(builder.gep(gp, [at]))
                         x1 = builder.load(builder.gep(gp, [builder.add(at, _I64(1))]))
                         some = builder.icmp_signed("<", x0, x1)  # (0, 0): no row

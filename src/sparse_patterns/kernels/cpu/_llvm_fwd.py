@@ -115,11 +115,11 @@ def _exp32_bf16(typingctx, st, nk, cmax, csum):  # pragma: no cover - compiled
     return types.none(st, nk, cmax, csum), _exp_codegen(True)
 
 
-def _pv_codegen(G: int, C: int, bf16: bool = False):
+def _pv_codegen(bf16: bool = False):
     """The IR of :func:`_pv32_dense` (``G = 8`` queries x ``C = 2`` vectors of a value
-    row in 16 accumulators; ``G`` a multiple of 4, ``G x C = 16``); ``bf16``: of
-    :func:`_pv32_dense_bf16`, a step being a pair of keys (one ``vdpbf16ps`` per
-    accumulator)."""
+    row in 16 accumulators); ``bf16``: of :func:`_pv32_dense_bf16`, a step being a pair
+    of keys (one ``vdpbf16ps`` per accumulator)."""
+    G, C = 8, 2
 
     def codegen(context, builder, signature, args):
         if bf16 and not _bf16_ok(context, signature.args[2]):
@@ -224,7 +224,7 @@ def _pv32_dense(typingctx, va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbu
     about 2% faster (AMD Zen 5, where only full tiles took it then); on partial tiles
     too, the strided forward 2.3% faster (10 rounds in one process on an Intel Xeon,
     each one faster), the fixed one unchanged."""
-    return types.none(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff), _pv_codegen(8, 2)
+    return types.none(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff), _pv_codegen()
 
 
 @intrinsic
@@ -244,7 +244,7 @@ def _pv32_dense_bf16(typingctx, va, koff, st, obuf, ooff, alpha, post, lo, hi, d
     and not the default), the strided forward 1.1% faster (8 rounds in one process,
     each one faster), the fixed one unchanged (0.996); bits the same."""
     return (types.none(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff),
-            _pv_codegen(8, 2, True))
+            _pv_codegen(True))
 
 
 _KEYS = 8  # keys per register block of _scores32 (16 vector accumulators)
