@@ -17,7 +17,8 @@ torch = pytest.importorskip("torch")
 
 import sparse_patterns as sps  # noqa: E402
 from sparse_patterns.kernels import attention, attention_backward, plan  # noqa: E402
-from sparse_patterns.kernels.cpu import _llvm, bf16_applies, fma_peak  # noqa: E402
+from sparse_patterns.kernels.cpu import _llvm, amx_applies, bf16_applies, fma_peak  # noqa: E402
+from sparse_patterns.kernels.cpu._amx import amx_here  # noqa: E402
 from sparse_patterns.kernels.cpu._convert import narrow, widen  # noqa: E402
 from sparse_patterns.torch import SparseAttention  # noqa: E402
 
@@ -104,13 +105,28 @@ CASES = [("strided", {"stride": 8}), ("fixed", {"stride": 8, "c": 2}),
 
 needs_bf16_products = pytest.mark.skipif(not _llvm._AVX512_BF16,
                                          reason="the CPU has no AVX512_BF16")
+needs_amx = pytest.mark.skipif(not (_llvm._AVX512_BF16 and amx_here()),
+                               reason="the CPU has no AMX-BF16 that this process may use")
 #: how bf16 inputs are computed: widened to float32, or on bf16 products
 BF16_PATHS = ["widen", pytest.param("products", marks=needs_bf16_products)]
+#: the forward's bf16 products: ``vdpbf16ps`` (forced), or AMX (where ``auto`` takes it)
+PRODUCTS = [pytest.param("products", marks=needs_bf16_products),
+            pytest.param("amx", marks=needs_amx)]
+
+
+def bf16_path(monkeypatch, path: str) -> None:
+    """Set ``SPARSE_PATTERNS_BF16`` for ``path``: ``amx`` is ``auto`` on a CPU with AMX."""
+    monkeypatch.setenv("SPARSE_PATTERNS_BF16", "auto" if path == "amx" else path)
+
+
+def forward_products(plan_, d: int, path: str) -> bool:
+    """Whether the forward runs on the bf16 products of ``path`` (see :data:`PRODUCTS`)."""
+    return amx_applies(plan_, d) if path == "amx" else bf16_applies(plan_, d)
 
 
 @pytest.mark.parametrize(("dtype", "path"), [
     (torch.bfloat16, "widen"), pytest.param(torch.bfloat16, "products", marks=needs_bf16_products),
-    (torch.float16, "widen")])
+    pytest.param(torch.bfloat16, "amx", marks=needs_amx), (torch.float16, "widen")])
 @pytest.mark.parametrize("mode", ["multihead", "merged"])
 @pytest.mark.parametrize(("name", "params"), CASES)
 def test_forward_and_gradients_within_the_stated_bounds(dtype, path, mode, name, params,
@@ -121,12 +137,15 @@ def test_forward_and_gradients_within_the_stated_bounds(dtype, path, mode, name,
     arithmetic); ``dq`` and ``dk`` also carry the output's rounding, through
     ``rowsum(dO * O)``: within 4 ulps at 1 of their largest element. On bf16 products,
     each also within 2**-8 (the rounding of ``P`` or ``dS`` to bf16) of the sum of
-    absolute products that it rounds (:func:`dense_terms`)."""
-    monkeypatch.setenv("SPARSE_PATTERNS_BF16", path)
+    absolute products that it rounds (:func:`dense_terms`); by AMX (``amx``) the same
+    bound (the forward's products by AMX, the backward's as ``auto`` decides)."""
+    bf16_path(monkeypatch, path)
     pat = sps.make(name, 96, **params)
     g = torch.Generator().manual_seed(3)
     q, k, v, do = (torch.randn(2, 3, 96, 32, generator=g).to(dtype) for _ in range(4))
-    assert bf16_applies(sps.plan(pat, mode=mode), 32) == (path == "products")
+    pl = sps.plan(pat, mode=mode)
+    assert bf16_applies(pl, 32) == (path == "products") or path == "amx"
+    assert amx_applies(pl, 32) == (path == "amx")
     x64 = [t.double().requires_grad_() for t in (q, k, v)]
     ref = dense_attention(*x64, pat, mode)
     ref_grads = torch.autograd.grad(ref, x64, do.double())
@@ -134,7 +153,7 @@ def test_forward_and_gradients_within_the_stated_bounds(dtype, path, mode, name,
     grads = attention_backward(q, k, v, out, lse, do, pat, mode=mode)
     through_o = 8 * ROUNDING[dtype]
     extras = ([2.0**-8 * t for t in dense_terms(*(t.double() for t in (q, k, v, do)), pat, mode)]
-              if path == "products" else [0.0] * 4)
+              if path != "widen" else [0.0] * 4)
     for got, want, floor, extra in zip((out, *grads), (ref, *ref_grads),
                                        (1e-5, through_o, through_o, 1e-5), extras, strict=True):
         assert got.dtype == dtype
@@ -143,12 +162,12 @@ def test_forward_and_gradients_within_the_stated_bounds(dtype, path, mode, name,
         assert ((got.double() - want).abs() <= bound).all()
 
 
-@needs_bf16_products
+@pytest.mark.parametrize("path", PRODUCTS)
 @pytest.mark.parametrize("mode", ["multihead", "merged"])
 @pytest.mark.parametrize(("name", "params"), [
     ("strided", {"stride": 64}), ("fixed", {"stride": 128, "c": 16}), ("local", {"window": 100}),
     ("bigbird", {"block": 32, "random_blocks": 2})])
-def test_bf16_products_against_the_oracle(name, params, mode, monkeypatch):
+def test_bf16_products_against_the_oracle(name, params, mode, path, monkeypatch):
     """bf16 products on patterns long enough for every way the kernels move rows
     (residue pieces copied per work item, summary keys reordered once per call, pieces
     run as a pair, chunks gathered from scattered key blocks; the backward's work items
@@ -156,11 +175,12 @@ def test_bf16_products_against_the_oracle(name, params, mode, monkeypatch):
     rounding plus that of ``P`` (2**-8 of the largest ``|v|``), the log-sum-exp within
     float32 rounding (the scores are exact bf16 products summed in float32), and the
     gradients against the float32 backward on the same values within their rounding
-    plus 2**-7 of the largest (``P`` and ``dS`` rounded to bf16)."""
-    monkeypatch.setenv("SPARSE_PATTERNS_BF16", "products")
+    plus 2**-7 of the largest (``P`` and ``dS`` rounded to bf16). ``path``: the forward's
+    products by ``vdpbf16ps`` or by AMX (:data:`PRODUCTS`)."""
+    bf16_path(monkeypatch, path)
     n = 2048
     pat = sps.make(name, n, **params)
-    assert bf16_applies(sps.plan(pat, mode=mode), 64)
+    assert forward_products(sps.plan(pat, mode=mode), 64, path)
     g = torch.Generator().manual_seed(7)
     q, k, v, do = (torch.randn(1, 2, n, 64, generator=g).to(torch.bfloat16) for _ in range(4))
     out, lse = attention(q, k, v, pat, mode=mode, return_lse=True)
@@ -375,7 +395,7 @@ def _nan_filled(shape: tuple, dtype) -> np.ndarray:
     return np.full(shape, 0x7FC1 if dtype.kind in "iu" else np.nan, dtype)
 
 
-@needs_bf16_products
+@pytest.mark.parametrize("path", PRODUCTS)
 @pytest.mark.parametrize(("B", "H", "n", "name", "params", "mode"), [
     (1, 2, 1024, "strided", {"stride": 40}, "merged"),  # last piece in place (the window)
     (2, 3, 1024, "strided", {"stride": 40}, "multihead"),  # a copied piece, first and last
@@ -385,7 +405,7 @@ def _nan_filled(shape: tuple, dtype) -> np.ndarray:
     (1, 1, 1024, "dilated", {"window": 64}, "merged"),  # one copied piece
     (1, 3, 1024, "bigbird", {}, "multihead"),
 ])
-def test_bf16_forward_words_equal_narrowed_float32_output(B, H, n, name, params, mode,
+def test_bf16_forward_words_equal_narrowed_float32_output(B, H, n, name, params, mode, path,
                                                           monkeypatch):
     """``forward_bf16(words=True)`` (what ``attention`` on bf16 tensors takes) rounds each
     block's output rows as the last piece finishes them, in place or from a work item's
@@ -394,15 +414,16 @@ def test_bf16_forward_words_equal_narrowed_float32_output(B, H, n, name, params,
     from sparse_patterns.kernels.cpu import _forward as fw
     from sparse_patterns.kernels.cpu import forward_bf16
 
-    monkeypatch.setenv("SPARSE_PATTERNS_BF16", "products")
+    bf16_path(monkeypatch, path)
     monkeypatch.setattr(fw, "_buffer", _nan_filled)
     pl = plan(sps.make(name, n, **params), mode=mode, block=32)
-    assert bf16_applies(pl, 64)
+    assert forward_products(pl, 64, path)
     g = torch.Generator().manual_seed(7)
     q, k, v = (torch.randn(B, H, n, 64, generator=g).to(torch.bfloat16) for _ in range(3))
     w = [t.view(torch.int16).numpy() for t in (q, k, v)]
-    wide, lse = forward_bf16(*w, pl, scale=0.125)
-    words, lse_w = forward_bf16(*w, pl, scale=0.125, words=True)
+    amx = path == "amx"
+    wide, lse = forward_bf16(*w, pl, scale=0.125, amx=amx)
+    words, lse_w = forward_bf16(*w, pl, scale=0.125, words=True, amx=amx)
     assert words.dtype == np.uint16 and words.shape == (B, H, n, 64)
     np.testing.assert_array_equal(narrow(wide, "bfloat16"), words)
     np.testing.assert_array_equal(lse, lse_w)
@@ -418,7 +439,9 @@ def test_bf16_forward_words_equal_narrowed_float32_output(B, H, n, name, params,
 def test_bf16_forward_words_on_random_patterns(blocks, heads, seed, mode):
     """Random causal patterns (heads of any density, empty ones included: rows without
     keys, query blocks without tiles): the output words are bit for bit :func:`narrow`
-    of the float32 output, every word written (the arrays come filled with NaN words)."""
+    of the float32 output, every word written (the arrays come filled with NaN words);
+    by ``vdpbf16ps`` and, where the CPU has it, by AMX, the two within the rounding of
+    ``P`` to bf16 of each other (exact bf16 products summed in another order)."""
     import scipy.sparse as sparse
 
     from sparse_patterns.kernels.cpu import _forward as fw
@@ -429,12 +452,35 @@ def test_bf16_forward_words_on_random_patterns(blocks, heads, seed, mode):
     pl = plan(pat, mode=mode, block=32)
     w = [(rng.standard_normal((1, 2, n, 32), np.float32).view(np.uint32) >> 16)
          .astype(np.uint16) for _ in range(3)]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(fw, "_buffer", _nan_filled)
-        wide, lse = forward_bf16(*w, pl, scale=0.2)
-        words, lse_w = forward_bf16(*w, pl, scale=0.2, words=True)
-    np.testing.assert_array_equal(narrow(wide, "bfloat16"), words)
-    np.testing.assert_array_equal(lse, lse_w)
+    outs = []
+    for amx in (False, True) if amx_here() else (False,):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(fw, "_buffer", _nan_filled)
+            wide, lse = forward_bf16(*w, pl, scale=0.2, amx=amx)
+            words, lse_w = forward_bf16(*w, pl, scale=0.2, words=True, amx=amx)
+        np.testing.assert_array_equal(narrow(wide, "bfloat16"), words)
+        np.testing.assert_array_equal(lse, lse_w)
+        outs.append((wide, lse))
+    if len(outs) == 2:  # |P| <= 1 and each P within 2**-8 of the other's: |dO| <= 2**-7 max|v|
+        vmax = np.abs(widen(w[2], "bfloat16")).max()
+        np.testing.assert_allclose(outs[1][0], outs[0][0], rtol=0, atol=2.0**-7 * vmax + 1e-6)
+        np.testing.assert_allclose(outs[1][1], outs[0][1], rtol=1e-5, atol=1e-5)
+
+
+@needs_bf16_products
+def test_amx_asked_for_where_absent_is_a_one_line_error(monkeypatch):
+    """``forward_bf16(amx=True)`` where this process cannot run AMX: a ``ValueError``
+    naming ``amx``, before any output is computed; ``amx_applies`` is then false."""
+    from sparse_patterns.kernels.cpu import _bf16, forward_bf16
+
+    monkeypatch.setattr(_bf16, "amx_here", lambda: False)
+    monkeypatch.setenv("SPARSE_PATTERNS_BF16", "auto")
+    pl = plan(sps.make("strided", 64, stride=8), block=32)
+    assert not amx_applies(pl, 32)
+    w = np.zeros((1, 1, 64, 32), np.uint16)
+    with pytest.raises(ValueError, match=r"^amx: .*amx=True") as err:
+        forward_bf16(w, w, w, pl, scale=0.2, amx=True)
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("n, d", [(1, 32), (63, 64), (130, 128), (6, 96)])

@@ -54,7 +54,8 @@ def _numba_forward(q, k, v, pattern, *, mode="multihead", scale=None, return_lse
     _, pl = resolve(pattern, mode, block)
     x = HostArrays({"q": q, "k": k, "v": v}, pl.n, widen_half=False)
     s = check_scale(scale, x.shape[3])
-    if x.dtype_name == "bfloat16" and cpu.bf16_applies(pl, x.shape[3]):  # bf16 products
+    d = x.shape[3]
+    if x.dtype_name == "bfloat16" and (cpu.amx_applies(pl, d) or cpu.bf16_applies(pl, d)):
         w = x.words  # the output comes back as bf16 words, rounded as blocks finish
         o, lse = cpu.forward_bf16(w["q"], w["k"], w["v"], pl, scale=s, words=True)
         return (x.out_words(o), x.out(lse, lse=True)) if return_lse else x.out_words(o)

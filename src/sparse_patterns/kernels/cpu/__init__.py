@@ -16,14 +16,17 @@ notes about its code (each measured, A/B in one process, on a CPU without SVML):
 - ``_backward``: the backward, recomputed from the saved log-sum-exp
   (``_kblock32``: one key block; ``_backward``: the heads in parallel);
   ``_backward_blas``: its general path (BLAS per chunk: float64, other tiles);
-- ``_bf16``: when bf16 inputs run on bf16 products (:func:`bf16_applies`);
+- ``_bf16``: when bf16 inputs run on bf16 products (:func:`amx_applies`,
+  :func:`bf16_applies`);
+- ``_amx``: Intel AMX (the tiles' permission, their configuration and instructions),
+  the bf16 forward's products where the CPU has it;
 - ``_rows``: whole-array row moves (a piece's order, bf16 rows by pairs);
 - ``_schedule``: what both derive from the plan once per plan (block steps,
   ``residue(s)`` pieces, work items and their copy orders, transposed masks);
 - ``_llvm``: vector primitives written in LLVM IR (row copies and pairs, 16 x 16
   transposes, the float32 exponential, bf16 products and conversions);
 - ``_llvm_fwd``: the forward's fused 32-token passes (scores with masks and max,
-  exponentials, ``P V``), float32 and bf16;
+  exponentials, ``P V``), float32 and bf16 (``vdpbf16ps`` or AMX);
 - ``_llvm_bwd``: the backward's fused float32 32-token passes (S and dP with the
   probabilities and dS in registers, dV and dK, dQ), no BLAS call per tile;
 - ``_convert``: bf16 and fp16 words widened to float32 and narrowed back;
@@ -35,19 +38,20 @@ notes about its code (each measured, A/B in one process, on a CPU without SVML):
 The ``@njit(cache=True)`` functions call each other across these modules (numba
 links a callee's LLVM IR into its caller, and LLVM optimizes them together), but
 numba invalidates a cached function only when its own file changes: after editing
-``_llvm.py``, ``_llvm_fwd.py``, ``_llvm_bwd.py``, ``_rows.py``, ``_softmax.py``, ``_blas.py``,
-``_pool.py`` or ``_schedule.py``, delete this package's
+``_llvm.py``, ``_amx.py``, ``_llvm_fwd.py``, ``_llvm_bwd.py``, ``_rows.py``, ``_softmax.py``,
+``_blas.py``, ``_pool.py`` or ``_schedule.py``, delete this package's
 ``__pycache__/*.nbi`` and ``*.nbc`` files, or the callers keep the old code.
 """
 
 from __future__ import annotations
 
 from ._backward import backward, backward_bf16
-from ._bf16 import BF16_MODES, bf16_applies, bf16_products_here
+from ._bf16 import BF16_MODES, amx_applies, bf16_applies, bf16_products_here
 from ._blas import single_threaded_blas
 from ._forward import forward, forward_bf16
 from ._peak import fma_peak
 from ._pool import release_workspace
 
-__all__ = ["forward", "forward_bf16", "bf16_applies", "bf16_products_here", "BF16_MODES", "backward", "backward_bf16",
+__all__ = ["forward", "forward_bf16", "amx_applies", "bf16_applies", "bf16_products_here",
+           "BF16_MODES", "backward", "backward_bf16",
            "release_workspace", "single_threaded_blas", "fma_peak"]

@@ -1,5 +1,6 @@
-"""When bf16 inputs run on bf16 products (``vdpbf16ps``) rather than widened to
-float32: the CPU, the plan and the head size (:func:`bf16_applies`), and the environment
+"""When bf16 inputs run on bf16 products rather than widened to float32: the forward's
+by AMX (:func:`amx_applies`) or ``vdpbf16ps``, the backward's by ``vdpbf16ps``
+(:func:`bf16_applies`), from the CPU, the plan and the head size, and the environment
 variable ``SPARSE_PATTERNS_BF16`` that overrides the measured choice.
 """
 
@@ -8,15 +9,18 @@ from __future__ import annotations
 import functools
 import os
 
+from ._amx import amx_here
 from ._llvm import _AVX512_BF16
 from ._peak import fma_peak
 
-__all__ = ["BF16_MODES", "bf16_applies", "bf16_products_here", "_check_products"]
+__all__ = ["BF16_MODES", "amx_applies", "bf16_applies", "bf16_products_here",
+           "_check_products"]
 
 
-#: bf16 products (``vdpbf16ps``) for bf16 inputs: "auto" (where :func:`bf16_applies`),
-#: "products" (wherever they can run) or "widen" (never: widened to float32); the
-#: environment variable ``SPARSE_PATTERNS_BF16`` sets it for a process
+#: bf16 products for bf16 inputs: "auto" (the forward's by AMX where
+#: :func:`amx_applies`, else ``vdpbf16ps`` where :func:`bf16_applies`), "products"
+#: (``vdpbf16ps`` wherever it can run, never AMX) or "widen" (never: widened to
+#: float32); the environment variable ``SPARSE_PATTERNS_BF16`` sets it for a process
 BF16_MODES = ("auto", "products", "widen")
 
 
@@ -76,8 +80,33 @@ def bf16_applies(plan, d: int) -> bool:
     return bf16_products_here()
 
 
-def _check_products(plan, n: int, d: int) -> None:
-    """A one-line ``ValueError`` where bf16 products cannot run (see :func:`bf16_applies`)."""
+def _check_products(plan, n: int, d: int, amx: bool | None = False) -> bool:
+    """A one-line ``ValueError`` where bf16 products cannot run (see :func:`bf16_applies`),
+    or (``amx``) AMX cannot; else whether they are AMX's (``amx`` None: where
+    :func:`amx_applies`)."""
     if not _AVX512_BF16 or plan.block != 32 or n % 32 or d % 32:
         raise ValueError(f"q: bf16 products need AVX512_BF16, block 32, n and d multiples of 32; "
                          f"got block {plan.block}, n={n}, d={d}")
+    if amx and not amx_here():
+        raise ValueError("amx: AMX products need a CPU with AMX-TILE and AMX-BF16 that Linux "
+                         "lets this process use; got amx=True on a CPU without them")
+    return amx_applies(plan, d) if amx is None else amx
+
+
+def amx_applies(plan, d: int) -> bool:
+    """Whether :func:`._forward.forward_bf16` runs the products of bf16 inputs of head
+    size ``d`` over ``plan`` by AMX (``tdpbf16ps``, :mod:`._amx`): ``SPARSE_PATTERNS_BF16``
+    is ``auto``, the CPU has AMX-TILE, AMX-BF16 and AVX512_BF16 and Linux lets this
+    process use the tiles (:func:`._amx.amx_here`), ``plan.block == 32`` and ``n`` and
+    ``d`` are multiples of 32. The backward's products stay those of :func:`bf16_applies`.
+
+    Examples
+    --------
+    >>> import sparse_patterns as sps
+    >>> amx_applies(sps.plan(sps.make("strided", 64, stride=8), block=16), 64)
+    False
+    """
+    mode = _bf16_mode()
+    if plan.block != 32 or plan.n % 32 or d % 32:
+        return False
+    return mode == "auto" and _AVX512_BF16 and amx_here()

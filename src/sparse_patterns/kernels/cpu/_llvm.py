@@ -42,7 +42,7 @@ __all__ = [
     "_FM", "_LOG2E", "_AVX512", "_AVX512_BF16", "_EXP2_POLY", "_EXP2_POLY_BF16", "_wide",
     "_copy", "_copy_nt", "_zero", "_prefetch", "_pair_rows", "_dot_bf16", "_bits_to_f32", "_exp2f",
     "_transpose16", "_splat", "_BFloat", "_bf16_dot", "_mac", "_bf16_ok", "_emit_exp2",
-    "_pack_bf16", "_cat_bf16", "_row_pairs",
+    "_pack_bf16", "_cat_bf16", "_row_pairs", "_transpose_regs",
 ]
 
 _LOG2E = 1.4426950408889634
@@ -302,23 +302,30 @@ def _transpose16(typingctx, src, roff, i0, c0, dst, doff, dld):  # pragma: no co
             o = builder.load(builder.gep(rp, [builder.add(i0_, i64(i))]))
             ptr = builder.gep(sp, [builder.add(o, c0_)])
             rows.append(builder.load(builder.bitcast(ptr, vt.as_pointer()), align=4))
-        h = 8
-        while h >= 1:  # rows i and i + h exchange blocks of h lanes
-            lo = [m + t for m in range(0, 16, 2 * h) for t in (*range(h), *range(16, 16 + h))]
-            hi = [x + h for x in lo]
-            masks = [ir.Constant(ir.VectorType(ir.IntType(32), 16), x) for x in (lo, hi)]
-            new = list(rows)
-            for i in range(16):
-                if not i & h:
-                    new[i] = builder.shuffle_vector(rows[i], rows[i + h], masks[0])
-                    new[i + h] = builder.shuffle_vector(rows[i], rows[i + h], masks[1])
-            rows = new
-            h //= 2
+        rows = _transpose_regs(builder, rows)
         for j in range(16):
             ptr = builder.gep(dp, [builder.add(doff_, builder.mul(dld_, i64(j)))])
             builder.store(rows[j], builder.bitcast(ptr, vt.as_pointer()), align=4)
         return context.get_dummy_value()
     return types.none(src, roff, i0, c0, dst, doff, dld), codegen
+
+
+def _transpose_regs(builder, rows: list) -> list:
+    """IR: 16 vectors of 16 lanes transposed (lane ``c`` of vector ``r`` to lane ``r``
+    of vector ``c``) in four butterfly stages of two-vector shuffles."""
+    h = 8
+    while h >= 1:  # rows i and i + h exchange blocks of h lanes
+        lo = [m + t for m in range(0, 16, 2 * h) for t in (*range(h), *range(16, 16 + h))]
+        hi = [x + h for x in lo]
+        masks = [ir.Constant(ir.VectorType(ir.IntType(32), 16), x) for x in (lo, hi)]
+        new = list(rows)
+        for i in range(16):
+            if not i & h:
+                new[i] = builder.shuffle_vector(rows[i], rows[i + h], masks[0])
+                new[i + h] = builder.shuffle_vector(rows[i], rows[i + h], masks[1])
+        rows = new
+        h //= 2
+    return rows
 
 
 def _splat(builder, x, vt):

@@ -1,0 +1,125 @@
+"""Intel AMX for the bf16 forward: whether this process may use the tile registers
+(:func:`amx_here`), and the IR of the tile instructions that the passes of
+:mod:`._llvm_fwd` (:func:`._llvm_fwd._scores32_amx`, :func:`._llvm_fwd._pv32_amx`) emit.
+
+AMX (AMX-TILE, AMX-BF16: Intel Xeon from Sapphire Rapids on) multiplies a tile of
+16 rows x 32 bf16 by one of 16 rows of bf16 pairs into 16 x 16 float32 sums in one
+``tdpbf16ps``: 512 products summed by pairs where ``vdpbf16ps`` does 32. On the Intel
+Xeon of 2026-11-27 (two cores of a virtual machine) torch's bf16 ``matmul`` (oneDNN,
+AMX) reached 2,001 GFLOP/s against 374 for float32, and ``vdpbf16ps`` half the float32
+FMA peak; so the bf16 forward's products go to AMX where it is.
+
+A process must ask Linux for the tiles' register state before its first tile
+instruction (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``: without it the
+instruction is a ``SIGILL``): :func:`amx_here` asks once. Every pass loads the tile
+configuration (all eight tiles 16 rows x 64 bytes, :func:`_tiles_begin`) and releases
+the tiles at its end (:func:`_tiles_end`), so that no state outlives it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import sys
+
+from llvmlite import ir
+from numba.core import cgutils
+
+from ._llvm import _has_avx512
+
+__all__ = ["amx_here", "_AMX", "_amx_ok", "_tiles_begin", "_tiles_end", "_tile_load",
+           "_tile_store", "_tile_zero", "_tile_dot"]
+
+#: numba compiles for a CPU with AMX-TILE and AMX-BF16
+_AMX = _has_avx512("amx-tile") and _has_avx512("amx-bf16")
+
+_SYS_ARCH_PRCTL = 158  # x86-64
+_ARCH_REQ_XCOMP_PERM = 0x1023
+_XFEATURE_XTILEDATA = 18
+
+
+@functools.lru_cache(maxsize=1)
+def amx_here() -> bool:
+    """Whether this process runs AMX tile instructions: numba compiles for a CPU with
+    AMX-TILE and AMX-BF16, and Linux granted the process the tiles' register state
+    (asked for here, once per process; torch's oneDNN asks for it the same way).
+
+    Examples
+    --------
+    >>> isinstance(amx_here(), bool)
+    True
+    """
+    if not _AMX or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):  # pragma: no cover - no libc syscall
+        return False
+
+
+def _amx_ok(context, array_type) -> bool:
+    """Whether an AMX pass can be generated for ``array_type``: float32 (bf16 pair
+    containers) on a CPU with AMX. Elsewhere the pass compiles to nothing (its callers
+    compile it into the float64 path too, and :func:`amx_here` keeps it from being
+    reached on a CPU without AMX)."""
+    return _AMX and context.get_value_type(array_type.dtype) == ir.FloatType()
+
+
+_I8 = ir.IntType(8)
+_I64 = ir.IntType(64)
+
+
+def _call(builder, name: str, args: list) -> None:
+    fn = cgutils.get_or_insert_function(builder.module,
+                                        ir.FunctionType(ir.VoidType(), [a.type for a in args]),
+                                        name)
+    builder.call(fn, args)
+
+
+def _tiles_begin(builder) -> None:
+    """IR: load the tile configuration: palette 1, tiles 0-7 each 16 rows of 64 bytes."""
+    cfg = [0] * 64
+    cfg[0] = 1
+    for t in range(8):
+        cfg[16 + 2 * t] = 64  # bytes a row (little-endian 16-bit)
+        cfg[48 + t] = 16  # rows
+    ty = ir.ArrayType(_I8, 64)
+    name = "sparse_patterns.amx_config"
+    g = builder.module.globals.get(name)
+    if g is None:
+        g = ir.GlobalVariable(builder.module, ty, name)
+        g.global_constant = True
+        g.linkage = "internal"
+        g.align = 64
+        g.initializer = ir.Constant(ty, cfg)
+    _call(builder, "llvm.x86.ldtilecfg", [builder.bitcast(g, _I8.as_pointer())])
+
+
+def _tiles_end(builder) -> None:
+    """IR: release the tiles (their state back to its initial, empty one)."""
+    _call(builder, "llvm.x86.tilerelease", [])
+
+
+def _tile_load(builder, tile: int, ptr, stride) -> None:
+    """IR: tile ``tile`` = 16 rows of 64 bytes from ``ptr``, rows ``stride`` bytes apart
+    (an int or an ``i64`` value)."""
+    _call(builder, "llvm.x86.tileloadd64", [_I8(tile), builder.bitcast(ptr, _I8.as_pointer()),
+                                            _I64(stride) if isinstance(stride, int) else stride])
+
+
+def _tile_store(builder, tile: int, ptr, stride) -> None:
+    """IR: tile ``tile``'s 16 rows of 64 bytes to ``ptr``, rows ``stride`` bytes apart."""
+    _call(builder, "llvm.x86.tilestored64", [_I8(tile), builder.bitcast(ptr, _I8.as_pointer()),
+                                             _I64(stride) if isinstance(stride, int) else stride])
+
+
+def _tile_zero(builder, tile: int) -> None:
+    _call(builder, "llvm.x86.tilezero", [_I8(tile)])
+
+
+def _tile_dot(builder, c: int, a: int, b: int) -> None:
+    """IR: ``tdpbf16ps``: tile ``c`` (16 x 16 float32) += tile ``a`` (16 rows x 32 bf16)
+    times tile ``b`` (16 rows of 16 bf16 pairs): ``c[m][n] += sum_k a[m][2k] b[k][2n] +
+    a[m][2k+1] b[k][2n+1]``."""
+    _call(builder, "llvm.x86.tdpbf16ps", [_I8(c), _I8(a), _I8(b)])
