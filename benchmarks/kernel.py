@@ -7,7 +7,7 @@ Usage::
 
 B=1, H=8, d=64, float32, ``mode="merged"``. Prints: the machine's fp32 and bf16 FMA peak
 (:func:`sparse_patterns.kernels.cpu.fma_peak`, a register-only loop, each round, the best
-used), fp32 ``torch.matmul`` throughput and torch SDPA ``is_causal=True`` at n=16,384;
+used; bf16: AMX's where the bf16 forward runs on it), fp32 ``torch.matmul`` throughput and torch SDPA ``is_causal=True`` at n=16,384;
 strided (l=128) and fixed (l=128, c=16) forward times, their speed-up over SDPA, their
 useful-FLOP throughput as a share of the FMA peak and of the matmul rate, and the same
 forwards with bf16 inputs (strided also with a new output array each call: the kernel
@@ -45,7 +45,13 @@ import numpy as np
 
 import sparse_patterns as sps
 from sparse_patterns.kernels import attention, attention_backward, plan
-from sparse_patterns.kernels.cpu import bf16_applies, fma_peak, release_workspace
+from sparse_patterns.kernels.cpu import (
+    amx_applies,
+    amx_products_here,
+    bf16_applies,
+    fma_peak,
+    release_workspace,
+)
 from sparse_patterns.kernels.cpu._llvm import _AVX512_BF16
 
 __all__: list[str] = []
@@ -157,7 +163,9 @@ def main() -> None:
     peak_threads = numba.get_num_threads()
     # and both once per round, the best used: a single bf16 figure taken here read 326
     # GFLOP/s in one run (2026-11-27) against 966-975 in separate runs on the same machine
-    peaks, peaks16 = [fma_peak("float32")], [fma_peak("bfloat16")]
+    # bf16: the peak of what the forward's bf16 products run on (AMX where it takes it)
+    kind16 = "bfloat16-amx" if amx_products_here() else "bfloat16"
+    peaks, peaks16 = [fma_peak("float32")], [fma_peak(kind16)]
     peak_target = {"strided": 55, "fixed": 75}
     torch_threads = torch.get_num_threads()
     a = torch.randn(4096, 4096)
@@ -204,7 +212,7 @@ def main() -> None:
     timed = {
         "matmul": lambda: a @ a,
         "peak32": lambda: peaks.append(fma_peak("float32", again=True)),
-        "peak16": lambda: peaks16.append(fma_peak("bfloat16", again=True)),
+        "peak16": lambda: peaks16.append(fma_peak(kind16, again=True)),
         "train": lambda: train(attn),
         "train_bf16": lambda: train(attn, leaves16, do16),
         "sdpa_train": lambda: train(lambda *x: sdpa(*x, is_causal=True)),
@@ -247,13 +255,16 @@ def main() -> None:
 
     mm_best = 2 * 4096**3 / t["matmul"].min() / 1e9
     peak32, peak16 = max(peaks), max(peaks16)
+    arith16 = ("AMX tdpbf16ps" if kind16 == "bfloat16-amx"
+               else "vdpbf16ps" if _AVX512_BF16 else "vdpbf16ps absent: fp32")
     print(f"measured FMA peak (register-only loop, {peak_threads} threads; best of the run's "
-          f"{len(peaks)} measurements of each): fp32 {peak32 / 1e9:.0f} GFLOP/s, bf16 (vdpbf16ps{'' if _AVX512_BF16 else ': absent, fp32'}) "
+          f"{len(peaks)} measurements of each): fp32 {peak32 / 1e9:.0f} GFLOP/s, bf16 ({arith16}) "
           f"{peak16 / 1e9:.0f} GFLOP/s; torch fp32 matmul = {mm_best * 1e9 / peak32 * 100:.0f}% "
           "of the fp32 peak")
-    how = ("bf16 products (vdpbf16ps)" if bf16_applies(plans["strided"], D)
-           else "widened to fp32")
-    print(f"bf16 inputs here: {how}, by sparse_patterns.kernels.cpu.bf16_applies "
+    vnni = "bf16 products (vdpbf16ps)" if bf16_applies(plans["strided"], D) else "widened to fp32"
+    fwd = "AMX products (tdpbf16ps)" if amx_applies(plans["strided"], D) else vnni
+    print(f"bf16 inputs here: forward {fwd}, backward {vnni}, by "
+          "sparse_patterns.kernels.cpu.amx_applies and bf16_applies "
           f"(SPARSE_PATTERNS_BF16={os.environ.get('SPARSE_PATTERNS_BF16', 'auto')})")
     print(f"{args.rounds} rounds, each timing every quantity once (best of {args.repeats} calls; "
           "SDPA: 1). Each figure: from the best times of all rounds, then (the median and range "
@@ -275,7 +286,8 @@ def main() -> None:
               f"matmul; computed/useful {pl.ratio:.2f} [{', '.join(pl.piece_kind)}]")
         y = t[f"{name}_bf16"]
         print(f"    bf16 inputs: {fig(y.min() * 1e3, y * 1e3, '.1f')} ms = "
-              f"{fig(b / y.min(), x / y, '.2f')}x faster than fp32 (target >= 1.7x)")
+              f"{fig(b / y.min(), x / y, '.2f')}x faster than fp32 (target >= 1.7x); "
+              f"{useful / y.min() / peak16 * 100:.1f}% of the bf16 peak ({arith16})")
     x = t["strided_new_out"]
     print(f"strided  n={n}, new output array each call (recycling off): "
           f"{fig(x.min() * 1e3, x * 1e3, '.1f')} ms = "

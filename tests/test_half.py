@@ -628,6 +628,15 @@ def test_bf16_peak_uses_vdpbf16ps_where_the_cpu_has_it():
 
     assert _peak._kind("bfloat16") == int(_llvm._AVX512_BF16)
     assert _peak._kind("float32") == 0
+    assert _peak._kind("bfloat16-amx") == (2 if amx_here() else int(_llvm._AVX512_BF16))
+
+
+@needs_amx
+def test_amx_peak_counts_tile_products():
+    """The AMX peak loop runs (four tiles of ``tdpbf16ps``, 16,384 FLOPs each) and is
+    counted as such: well above the ``vdpbf16ps`` loop's 64 FLOPs an instruction
+    (at least 4x on any AMX CPU: 16 cycles a ``tdpbf16ps`` against 1-2 a ``vdpbf16ps``)."""
+    assert fma_peak("bfloat16-amx", 1) > 4 * fma_peak("bfloat16", 1)
 
 
 def test_fallback_without_avx512_bf16(tmp_path):
@@ -647,8 +656,9 @@ def test_fallback_without_avx512_bf16(tmp_path):
         assert np.array_equal(narrow(x, "bfloat16"), want)
         pat = sps.make("strided", 64, stride=8)
         q = torch.randn(1, 2, 64, 32).to(torch.bfloat16)
-        from sparse_patterns.kernels.cpu import bf16_applies
+        from sparse_patterns.kernels.cpu import amx_applies, bf16_applies
         assert not bf16_applies(sps.plan(pat), 32)  # even asked for products: widened
+        assert not amx_applies(sps.plan(pat), 32)
         o16, lse = attention(q, q, q, pat, return_lse=True)
         out = o16.double()
         ref = attention(q.double(), q.double(), q.double(), pat)
@@ -659,11 +669,14 @@ def test_fallback_without_avx512_bf16(tmp_path):
         assert all(torch.equal(a, b.to(torch.bfloat16)) for a, b in zip(grads, want))
         from sparse_patterns.kernels.cpu import _peak
         assert _peak._kind("bfloat16") == 0 and fma_peak("bfloat16", 1) > 1e9
+        assert _peak._kind("bfloat16-amx") == 0
         print("ok")
     """)
     import llvmlite.binding as llvm
 
-    features = llvm.get_host_cpu_features().flatten().replace("+avx512bf16", "-avx512bf16")
+    features = llvm.get_host_cpu_features().flatten()
+    for f in ("avx512bf16", "amx-bf16", "amx-tile"):  # AMX (where there) goes too
+        features = features.replace(f"+{f}", f"-{f}")
     env = dict(os.environ, NUMBA_CPU_NAME=llvm.get_host_cpu_name(), NUMBA_CPU_FEATURES=features,
                NUMBA_CACHE_DIR=str(tmp_path), SPARSE_PATTERNS_BF16="products")
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
@@ -672,16 +685,19 @@ def test_fallback_without_avx512_bf16(tmp_path):
     assert res.stdout.strip() == "ok"
 
 
-@pytest.mark.parametrize("path", BF16_PATHS)
+@pytest.mark.parametrize("path", [*BF16_PATHS, pytest.param("amx", marks=needs_amx)])
 def test_profile_peak_follows_the_bf16_path(path, monkeypatch):
     """``patterns profile``'s % of peak for bfloat16 divides by the peak of the arithmetic
-    that runs: ``vdpbf16ps`` on bf16 products, the float32 FMA peak where bf16 inputs are
-    widened (an Intel Xeon's ``vdpbf16ps`` peak is half its float32 one)."""
+    that runs: AMX's where the forward takes it, ``vdpbf16ps`` on bf16 products, the
+    float32 FMA peak where bf16 inputs are widened (an Intel Xeon's ``vdpbf16ps`` peak
+    is half its float32 one)."""
     from sparse_patterns.profiling._machine import fma_peak_gflops
 
-    monkeypatch.setenv("SPARSE_PATTERNS_BF16", path)
+    bf16_path(monkeypatch, path)
     rate, what = fma_peak_gflops("bfloat16")
-    if path == "products":
+    if path == "amx":
+        assert what.startswith("FMA peak bfloat16-amx") and rate == fma_peak("bfloat16-amx") / 1e9
+    elif path == "products":
         assert what.startswith("FMA peak bfloat16") and rate == fma_peak("bfloat16") / 1e9
     else:
         assert "widened" in what and rate == fma_peak("float32") / 1e9

@@ -162,11 +162,13 @@ def matmul_gflops(torch: Any, n: int) -> tuple[float, str]:
 def fma_peak_gflops(dtype: str) -> tuple[float | None, str]:
     """``(GFLOP/s, what was measured)``: the host's FMA peak for inputs of ``dtype``.
 
-    :func:`sparse_patterns.kernels.cpu.fma_peak` on numba's threads: its
-    ``"bfloat16"`` figure for bfloat16 where this process runs bf16 inputs on bf16
-    products (:func:`~sparse_patterns.kernels.cpu.bf16_products_here`; at 32-token
-    tiles, ``n`` and ``d`` multiples of 32), ``"float32"`` for float32, float16 and
-    bfloat16 widened to float32 (an Intel Xeon's, whose ``vdpbf16ps`` is slower), and
+    :func:`sparse_patterns.kernels.cpu.fma_peak` on numba's threads: for bfloat16 its
+    ``"bfloat16-amx"`` figure where this process runs the forward's bf16 products by
+    AMX (:func:`~sparse_patterns.kernels.cpu.amx_products_here`), else its ``"bfloat16"``
+    one where it runs them by ``vdpbf16ps``
+    (:func:`~sparse_patterns.kernels.cpu.bf16_products_here`; both at 32-token tiles,
+    ``n`` and ``d`` multiples of 32), ``"float32"`` for float32, float16 and bfloat16
+    widened to float32 (an Intel Xeon's without AMX, whose ``vdpbf16ps`` is slower), and
     half the float32 figure for float64 (half the lanes of a vector FMA).
 
     Examples
@@ -177,9 +179,13 @@ def fma_peak_gflops(dtype: str) -> tuple[float | None, str]:
     """
     import numba  # noqa: PLC0415
 
-    from ..kernels.cpu import bf16_products_here, fma_peak  # noqa: PLC0415
+    from ..kernels.cpu import amx_products_here, bf16_products_here, fma_peak  # noqa: PLC0415
 
-    kind = "bfloat16" if dtype == "bfloat16" and bf16_products_here() else "float32"
+    kind = "float32"
+    if dtype == "bfloat16" and amx_products_here():
+        kind = "bfloat16-amx"
+    elif dtype == "bfloat16" and bf16_products_here():
+        kind = "bfloat16"
     rate = fma_peak(kind) / 1e9
     where = f"register-only FMA loop on {numba.get_num_threads()} threads"
     if dtype == "float64":

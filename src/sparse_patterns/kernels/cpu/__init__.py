@@ -46,12 +46,19 @@ numba invalidates a cached function only when its own file changes: after editin
 from __future__ import annotations
 
 from ._backward import backward, backward_bf16
-from ._bf16 import BF16_MODES, amx_applies, bf16_applies, bf16_products_here
+from ._bf16 import (
+    BF16_MODES,
+    amx_applies,
+    amx_products_here,
+    bf16_applies,
+    bf16_products_here,
+)
 from ._blas import single_threaded_blas
 from ._forward import forward, forward_bf16
 from ._peak import fma_peak
 from ._pool import release_workspace
 
-__all__ = ["forward", "forward_bf16", "amx_applies", "bf16_applies", "bf16_products_here",
+__all__ = ["forward", "forward_bf16", "amx_applies", "amx_products_here", "bf16_applies",
+           "bf16_products_here",
            "BF16_MODES", "backward", "backward_bf16",
            "release_workspace", "single_threaded_blas", "fma_peak"]

@@ -13,7 +13,7 @@ from ._amx import amx_here
 from ._llvm import _AVX512_BF16
 from ._peak import fma_peak
 
-__all__ = ["BF16_MODES", "amx_applies", "bf16_applies", "bf16_products_here",
+__all__ = ["BF16_MODES", "amx_applies", "amx_products_here", "bf16_applies", "bf16_products_here",
            "_check_products"]
 
 
@@ -93,6 +93,19 @@ def _check_products(plan, n: int, d: int, amx: bool | None = False) -> bool:
     return amx_applies(plan, d) if amx is None else amx
 
 
+def amx_products_here() -> bool:
+    """Whether this process runs the bf16 forward's products by AMX where the plan and
+    head size allow (:func:`amx_applies`): ``SPARSE_PATTERNS_BF16=auto``, AVX512_BF16,
+    and AMX that Linux lets the process use (:func:`._amx.amx_here`).
+
+    Examples
+    --------
+    >>> isinstance(amx_products_here(), bool)
+    True
+    """
+    return _bf16_mode() == "auto" and _AVX512_BF16 and amx_here()
+
+
 def amx_applies(plan, d: int) -> bool:
     """Whether :func:`._forward.forward_bf16` runs the products of bf16 inputs of head
     size ``d`` over ``plan`` by AMX (``tdpbf16ps``, :mod:`._amx`): ``SPARSE_PATTERNS_BF16``
@@ -106,7 +119,7 @@ def amx_applies(plan, d: int) -> bool:
     >>> amx_applies(sps.plan(sps.make("strided", 64, stride=8), block=16), 64)
     False
     """
-    mode = _bf16_mode()
     if plan.block != 32 or plan.n % 32 or d % 32:
+        _bf16_mode()  # a bad SPARSE_PATTERNS_BF16 is an error whatever the plan
         return False
-    return mode == "auto" and _AVX512_BF16 and amx_here()
+    return amx_products_here()
