@@ -199,17 +199,16 @@ def test_bf16_products_against_the_oracle(name, params, mode, path, monkeypatch)
         assert (err <= 2.0**-8 * want.abs() + 2.0**-7 * want.abs().max()).all()
 
 
-@needs_bf16_products
-@needs_bf16_products
+@pytest.mark.parametrize("path", PRODUCTS)
 @pytest.mark.parametrize(("name", "params", "mode"), [
     ("fixed", {"stride": 128, "c": 16}, "merged"), ("strided", {"stride": 32}, "multihead")])
-def test_bf16_backward_in_query_ranges(name, params, mode, monkeypatch):
+def test_bf16_backward_in_query_ranges(name, params, mode, path, monkeypatch):
     """The bf16 backward with the key blocks taking 3 query blocks at a time (``_QRANGE``;
     the default's 128 cover these n at once): the gradients against the float32 backward
-    within the bound of the test above."""
+    within the bound of the test above, products by ``vdpbf16ps`` or by AMX."""
     from sparse_patterns.kernels.cpu import _backward
 
-    monkeypatch.setenv("SPARSE_PATTERNS_BF16", "products")
+    bf16_path(monkeypatch, path)
     n = 1024
     pat = sps.make(name, n, **params)
     g = torch.Generator().manual_seed(3)
@@ -296,13 +295,13 @@ def test_bf16_products_prefetch_changes_nothing(monkeypatch):
     assert torch.equal(on[1], off[1])
 
 
-@needs_bf16_products
-def test_bf16_backward_prefetch_changes_nothing(monkeypatch):
+@pytest.mark.parametrize("path", PRODUCTS)
+def test_bf16_backward_prefetch_changes_nothing(path, monkeypatch):
     """The bf16 backward asks for the next key block's rows and their pairs: bit for bit
-    the gradients without."""
+    the gradients without (products by ``vdpbf16ps`` or by AMX)."""
     from sparse_patterns.kernels.cpu import _backward as bw
 
-    monkeypatch.setenv("SPARSE_PATTERNS_BF16", "products")
+    bf16_path(monkeypatch, path)
     pat = sps.make("strided", 1024, stride=40)
     g = torch.Generator().manual_seed(5)
     q, k, v, do = (torch.randn(1, 2, 1024, 64, generator=g).to(torch.bfloat16) for _ in range(4))
@@ -314,7 +313,7 @@ def test_bf16_backward_prefetch_changes_nothing(monkeypatch):
         assert torch.equal(a, b)
 
 
-@needs_bf16_products
+@pytest.mark.parametrize("path", PRODUCTS)
 @pytest.mark.parametrize(("B", "H", "name", "params", "mode"), [
     (1, 1, "strided", {"stride": 40}, "merged"),  # one head: fewer heads than threads
     (2, 3, "strided", {"stride": 40}, "multihead"),  # heads share the threads' rows
@@ -323,7 +322,7 @@ def test_bf16_backward_prefetch_changes_nothing(monkeypatch):
 ])
 @pytest.mark.parametrize("qrange", [128, 3])
 def test_bf16_backward_words_equal_narrowed_float32_gradients(B, H, name, params, mode, qrange,
-                                                              monkeypatch):
+                                                              path, monkeypatch):
     """``backward_bf16(words=True)`` (what ``attention_backward`` on bf16 tensors takes)
     accumulates each head's gradients in float32 rows its thread reuses and rounds them
     as the head's last piece finishes them (``qrange`` 3: in 11 ranges of query blocks,
@@ -334,19 +333,19 @@ def test_bf16_backward_words_equal_narrowed_float32_gradients(B, H, name, params
     from sparse_patterns.kernels.cpu import backward_bf16
     from sparse_patterns.kernels.cpu._convert import narrow
 
-    monkeypatch.setenv("SPARSE_PATTERNS_BF16", "products")
+    bf16_path(monkeypatch, path)
     monkeypatch.setattr(bw, "_QRANGE", qrange)
     n = 1024
     pat = sps.make(name, n, **params)
     pl = plan(pat, mode=mode, block=32)
-    assert bf16_applies(pl, 64)
+    assert forward_products(pl, 64, path)
     g = torch.Generator().manual_seed(6)
     q, k, v, do = (torch.randn(B, H, n, 64, generator=g).to(torch.bfloat16) for _ in range(4))
     o, lse = attention(q, k, v, pl, mode=mode, return_lse=True)
     w = [t.contiguous().view(torch.int16).numpy() for t in (q, k, v, o)]
     args = (*w, lse.numpy(), do.view(torch.int16).numpy(), pl)
-    wide = backward_bf16(*args, scale=0.125)
-    words = backward_bf16(*args, scale=0.125, words=True)
+    wide = backward_bf16(*args, scale=0.125, amx=path == "amx")
+    words = backward_bf16(*args, scale=0.125, words=True, amx=path == "amx")
     via_torch = attention_backward(q, k, v, o, lse, do, pl, mode=mode)
     for a, b, t in zip(wide, words, via_torch, strict=True):
         assert a.dtype == np.float32 and b.dtype == np.uint16 and b.shape == (B, H, n, 64)
@@ -365,7 +364,9 @@ def test_bf16_backward_words_equal_narrowed_float32_gradients(B, H, name, params
 def test_bf16_backward_words_on_random_patterns(blocks, heads, seed, mode, qrange):
     """Random causal patterns (heads of any density, empty ones included) and ranges of
     query blocks: the words the backward rounds as it goes are bit for bit
-    :func:`narrow` of its float32 gradients."""
+    :func:`narrow` of its float32 gradients; by ``vdpbf16ps`` and, where the CPU has it,
+    by AMX, the two within the bound of :func:`test_bf16_products_against_the_oracle` of
+    each other (exact bf16 products summed in another order, ``P`` and ``dS`` rounded)."""
     import scipy.sparse as sparse
 
     from sparse_patterns.kernels.cpu import _backward as bw
@@ -378,14 +379,21 @@ def test_bf16_backward_words_on_random_patterns(blocks, heads, seed, mode, qrang
          .astype(np.uint16) for _ in range(5)]
     lse = rng.standard_normal((1, 2, n)).astype(np.float32) + 3.0
     before = bw._QRANGE
+    grads = []
     try:
         bw._QRANGE = qrange
-        wide = backward_bf16(*w[:4], lse, w[4], pl, scale=0.2)
-        words = backward_bf16(*w[:4], lse, w[4], pl, scale=0.2, words=True)
+        for amx in (False, True) if amx_here() else (False,):
+            wide = backward_bf16(*w[:4], lse, w[4], pl, scale=0.2, amx=amx)
+            words = backward_bf16(*w[:4], lse, w[4], pl, scale=0.2, words=True, amx=amx)
+            for a, b in zip(wide, words, strict=True):
+                np.testing.assert_array_equal(narrow(a, "bfloat16"), b)
+            grads.append([a.copy() for a in wide])
     finally:
         bw._QRANGE = before
-    for a, b in zip(wide, words, strict=True):
-        np.testing.assert_array_equal(narrow(a, "bfloat16"), b)
+    if len(grads) == 2:
+        for got, want in zip(*grads, strict=True):
+            err = np.abs(got.astype(np.float64) - want)
+            assert (err <= 2.0**-8 * np.abs(want) + 2.0**-7 * np.abs(want).max() + 1e-6).all()
 
 
 def _nan_filled(shape: tuple, dtype) -> np.ndarray:

@@ -93,7 +93,8 @@ def _numba_backward(q, k, v, o, lse, do, pattern, *, mode="multihead", scale=Non
     x = HostArrays({"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, pl.n,
                    widen_half=False)
     s = check_scale(scale, x.shape[3])
-    if x.dtype_name == "bfloat16" and cpu.bf16_applies(pl, x.shape[3]):  # bf16 products
+    d = x.shape[3]
+    if x.dtype_name == "bfloat16" and (cpu.amx_applies(pl, d) or cpu.bf16_applies(pl, d)):
         w = x.words  # the gradients come back as bf16 words, narrowed head by head
         return tuple(x.out_words(g) for g in cpu.backward_bf16(
             w["q"], w["k"], w["v"], w["o"], x.np["lse"], w["do"], pl, scale=s, words=True))

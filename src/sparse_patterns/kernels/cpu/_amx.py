@@ -25,10 +25,10 @@ import sys
 from llvmlite import ir
 from numba.core import cgutils
 
-from ._llvm import _has_avx512
+from ._llvm import _has_avx512, _row_pairs, _transpose_regs
 
 __all__ = ["amx_here", "_AMX", "_amx_ok", "_tiles_begin", "_tiles_end", "_tile_load",
-           "_tile_store", "_tile_zero", "_tile_dot"]
+           "_tile_store", "_tile_zero", "_tile_dot", "_amx_pairs_product"]
 
 #: numba compiles for a CPU with AMX-TILE and AMX-BF16
 _AMX = _has_avx512("amx-tile") and _has_avx512("amx-bf16")
@@ -123,3 +123,64 @@ def _tile_dot(builder, c: int, a: int, b: int) -> None:
     times tile ``b`` (16 rows of 16 bf16 pairs): ``c[m][n] += sum_k a[m][2k] b[k][2n] +
     a[m][2k+1] b[k][2n+1]``."""
     _call(builder, "llvm.x86.tdpbf16ps", [_I8(c), _I8(a), _I8(b)])
+
+
+def _amx_pairs_product(builder, ntile, sp, src, row_at, d, pt, vt, cp) -> None:
+    """IR: ``C += X^T Y`` by AMX, summed over ``ntile`` tiles of 32 (the product of the
+    forward's ``P V`` and the backward's ``dV``, ``dK``). ``C``: 32 rows of ``d`` float32
+    from ``cp`` (row ``i`` at ``i d``), the accumulating tiles; ``X``: 32 x 32 bf16 a
+    tile, given by pairs of its rows: word ``(16 t + p) 32 + i`` of ``sp`` holds
+    elements ``(2p, i)`` and ``(2p + 1, i)`` of tile ``t``; ``Y``: 32 rows of ``d`` bf16 a
+    tile, row ``j`` of tile ``t`` at word ``row_at(t, j)`` of ``src`` (``d / 2`` words).
+
+    Per tile, ``X^T`` by rows (the left operand of ``tdpbf16ps``: ``X``'s pairs
+    transposed as 16 x 16 words) goes to ``pt`` (words ``512 t ..``) and ``Y``'s rows
+    interleaved by pairs (the right operand, :func:`._llvm._row_pairs`) to ``vt`` (words
+    ``16 d t ..``); then tiles 0-3 accumulate ``C`` (2 halves of its rows x 2 groups of
+    16 columns, straight in its rows), 4-5 hold ``X^T``, 6-7 ``Y``. ``d``: a multiple of
+    32."""
+    i64 = ir.IntType(64)
+    vty = ir.VectorType(ir.FloatType(), 16)
+
+    def vec(ptr, off):
+        return builder.bitcast(builder.gep(ptr, [off]), vty.as_pointer())
+
+    with cgutils.for_range(builder, ntile) as tl:
+        t = tl.index
+        for h in range(2):  # X^T's rows 16 h .. 16 h + 15: a 16 x 16 block of words
+            rows = [builder.load(vec(sp, builder.add(builder.mul(builder.add(
+                builder.mul(t, i64(16)), i64(p)), i64(32)), i64(16 * h))), align=4)
+                for p in range(16)]
+            base = builder.mul(builder.add(builder.mul(t, i64(2)), i64(h)), i64(256))
+            for i, row in enumerate(_transpose_regs(builder, rows)):
+                builder.store(row, vec(pt, builder.add(base, i64(16 * i))), align=4)
+        with cgutils.for_range(builder, builder.sdiv(d, i64(32))) as cl:
+            for p in range(16):  # Y's rows 2p, 2p + 1, 32 columns from 32 cl
+                pair = _row_pairs(builder, src, row_at(t, i64(2 * p)), row_at(t, i64(2 * p + 1)),
+                                  builder.mul(cl.index, i64(32)), 2, vty)
+                at = builder.add(builder.mul(builder.add(builder.mul(t, i64(16)), i64(p)), d),
+                                 builder.mul(cl.index, i64(32)))
+                for h in range(2):
+                    builder.store(pair[h], vec(vt, builder.add(at, i64(16 * h))), align=4)
+    _tiles_begin(builder)
+    row_bytes = builder.mul(d, i64(4))
+    with cgutils.for_range(builder, builder.sdiv(d, i64(32))) as cl:
+        def c_at(c):  # tile c: rows 16 (c % 2) .., columns 32 cl + 16 (c // 2) ..
+            return builder.gep(cp, [builder.add(builder.mul(i64(16 * (c % 2)), d), builder.add(
+                builder.mul(cl.index, i64(32)), i64(16 * (c // 2))))])
+
+        for c in range(4):
+            _tile_load(builder, c, c_at(c), row_bytes)
+        with cgutils.for_range(builder, ntile) as tl:
+            t = tl.index
+            for h in range(2):
+                _tile_load(builder, 4 + h, builder.gep(pt, [builder.mul(builder.add(
+                    builder.mul(t, i64(2)), i64(h)), i64(256))]), 64)
+                col = builder.add(builder.mul(cl.index, i64(32)), i64(16 * h))
+                _tile_load(builder, 6 + h, builder.gep(vt, [builder.add(builder.mul(
+                    builder.mul(t, i64(16)), d), col)]), row_bytes)
+            for c in range(4):
+                _tile_dot(builder, c, 4 + c % 2, 6 + c // 2)
+        for c in range(4):
+            _tile_store(builder, c, c_at(c), row_bytes)
+    _tiles_end(builder)

@@ -48,7 +48,10 @@ Two implementations of a key block share that frame:
   rounded to bf16 between them, the rows of ``q`` and ``dO`` that ``dV`` and ``dK`` sum
   over interleaved by pairs in registers, the gradients rounded to bf16 as the head
   finishes them; 5 tiles a chunk); strided 1.5-1.6x and fixed 1.7-1.8x the float32
-  backward (n = 16,384, AMD Zen 5).
+  backward (n = 16,384, AMD Zen 5); where :func:`._bf16.amx_applies`, the products by
+  AMX (the ``_amx`` passes: ``P``, ``dS`` and the rows of ``dO`` and ``Q`` put in
+  ``tdpbf16ps``'s operand layouts per chunk), strided 1.8x and fixed 2.2x the float32
+  backward (n = 16,384, an Intel Xeon with AMX, where ``vdpbf16ps`` is slower).
 * anything else (float64, the exact path that gradcheck uses; other tile sizes;
   other ``d``): :func:`._backward_blas._kblock`, BLAS ``?gemm`` per chunk of tiles
   (:mod:`._blas`) with the probabilities recomputed between the calls.
@@ -76,10 +79,13 @@ from ._llvm import (
 )
 from ._llvm_bwd import (
     _dkv32,
+    _dkv32_amx,
     _dkv32_bf16,
     _dq32,
+    _dq32_amx,
     _dq32_bf16,
     _dscores32,
+    _dscores32_amx,
     _dscores32_bf16,
     _tile_ranges,
 )
@@ -260,7 +266,14 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kp, n
             _zero(dqc, 0, nt * 32 * d)
         else:
             qa, doa, dqa = qf, dof, dqf
-        if bf:
+        if bf == 2:  # by AMX; its operands built past dS's rows in skeys
+            _dscores32_amx(qa, doa, roff, kt, vt, nt * 32, dw, alpha, lc, dc, mbits,
+                           np.float32(scale), pbuf, sbuf, skeys)
+            for w in range(2):
+                _dkv32_amx(pbuf if w == 0 else sbuf, doa if w == 0 else qa, roff,
+                           dvacc if w == 0 else dkacc, nt, d, skeys[chunk * 512:])
+            _dq32_amx(skeys, kv, dqa, roffd, nt, d)
+        elif bf:
             _dscores32_bf16(qa, doa, roff, kt, vt, nt * 32, dw, alpha, lc, dc, mbits,
                             np.float32(scale), pbuf, sbuf, skeys)
             for w in range(2):  # q and dO rows interleaved by pairs in registers
@@ -397,7 +410,7 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
         rowsrc = np.empty(max(chunk * block, c32, block), np.int64)
         roff = np.empty(c32, np.int64)
         roffd = np.empty(c32, np.int64)
-        skeys = _aligned(c32 * 16 if bf else 0, q2)
+        skeys = _aligned((c32 * 16 + (c32 * (16 + d // 2) if bf == 2 else 0)) if bf else 0, q2)
         rng = np.empty(c32, np.int64)
         ib = items_ib[numba.get_thread_id()]
         iq = 2 if fused else 4  # where the gradients start
@@ -563,14 +576,17 @@ def backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np
 
 
 def backward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np.ndarray,
-                  do: np.ndarray, plan, *, scale: float,
-                  words: bool = False) -> tuple[np.ndarray, ...]:
+                  do: np.ndarray, plan, *, scale: float, words: bool = False,
+                  amx: bool | None = None) -> tuple[np.ndarray, ...]:
     """:func:`backward` on bf16 inputs with bf16 products, where
-    :func:`._bf16.bf16_applies`: ``q, k, v, o, do`` are the bf16 words
-    (C-contiguous ``int16`` or ``uint16`` ``(B, H, n, d)`` arrays), ``lse`` float32.
-    ``S``, ``dP``, ``dV``, ``dK`` and ``dQ`` are ``vdpbf16ps`` products with float32
-    accumulation; ``P`` and ``dS`` are rounded to bf16 between them (``delta``, the
-    exponentials and ``dS`` itself are float32).
+    :func:`._bf16.amx_applies` or :func:`._bf16.bf16_applies`: ``q, k, v, o, do`` are the
+    bf16 words (C-contiguous ``int16`` or ``uint16`` ``(B, H, n, d)`` arrays), ``lse``
+    float32. ``S``, ``dP``, ``dV``, ``dK`` and ``dQ`` are ``vdpbf16ps`` products or, with
+    ``amx`` (None: where :func:`._bf16.amx_applies`), AMX ``tdpbf16ps``
+    (:func:`._llvm_bwd._dscores32_amx`, :func:`._llvm_bwd._dkv32_amx`,
+    :func:`._llvm_bwd._dq32_amx`), with float32 accumulation; ``P`` and ``dS`` are
+    rounded to bf16 between them (``delta``, the exponentials and ``dS`` itself are
+    float32).
 
     ``words``: return the gradients as bf16 words, each head's accumulated in float32
     rows that its thread reuses from head to head and rounded (to nearest even) as the
@@ -604,7 +620,7 @@ def backward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, ls
     [(1, 1, 64, 32), (1, 1, 64, 32), (1, 1, 64, 32)]
     """
     B, H, n, d = q.shape
-    _check_products(plan, n, d)
+    amx = _check_products(plan, n, d, amx)
     w = [np.ascontiguousarray(a).reshape(-1).view(np.float32).reshape(B * H * n, d // 2)
          for a in (q, k, v, o, do)]
     col_ptr, col_tile = plan.column_index()
@@ -620,7 +636,7 @@ def backward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, ls
                   plan.tile_mask, plan.masks, plan.block, _CHUNK16, False, True, ranges,
                   *plan.memo("cpu.qsteps", lambda: _block_steps(plan.qperm, plan.block)),
                   *plan.memo("cpu.backward_items", lambda: _backward_items(plan)),
-                  T, True, _QRANGE, _PREFETCH, *out,
+                  T, 2 if amx else 1, _QRANGE, _PREFETCH, *out,
                   plan.memo("cpu.backward_order", lambda: _backward_order(plan)))
     grads = out if words else (dq, dk, dv)
     return tuple(g.reshape(q.shape) for g in grads)

@@ -22,6 +22,12 @@ element (no BLAS call):
 * :func:`_dq32`: ``dQ += dS K`` for 4 queries at a time, over only the keys they see,
   read and written in ``dQ``'s rows.
 
+On bf16 inputs where the CPU has AMX (:mod:`._amx`), the same three passes take their
+products from ``tdpbf16ps`` (:func:`_dscores32_amx`: a tile's ``S`` and ``dP`` stored as
+float32 rows, then the exponentials and ``dS`` as above; :func:`_dkv32_amx`,
+:func:`_dq32_amx`: whole tiles, accumulated in the gradients' rows): the strided and
+fixed backwards at n = 16,384 1.8x and 2.2x the float32 ones (Intel Xeon).
+
 Which rows and keys of a partial tile those are comes from :func:`_tile_ranges`, once
 per plan.
 
@@ -38,6 +44,16 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from ._amx import (
+    _AMX,
+    _amx_pairs_product,
+    _tile_dot,
+    _tile_load,
+    _tile_store,
+    _tile_zero,
+    _tiles_begin,
+    _tiles_end,
+)
 from ._llvm import (
     _AVX512_BF16,
     _EXP2_POLY,
@@ -51,7 +67,8 @@ from ._llvm import (
 )
 
 __all__ = ["_dscores32", "_dkv32", "_dq32", "_tile_ranges", "_GROUP", "_dscores32_bf16",
-           "_dkv32_bf16", "_dq32_bf16", "_exp_rows32"]
+           "_dkv32_bf16", "_dq32_bf16", "_exp_rows32", "_dscores32_amx", "_dkv32_amx",
+           "_dq32_amx"]
 
 _GROUP = 4  # rows per register block: 4 rows x 4 vectors (or 2 x 2 x 4; _dkv32: 8 x 2)
 # _dq32 asks for the ``dq`` rows of the group of rows 2 groups ahead (software prefetch):
@@ -169,12 +186,42 @@ def _exp_rows32(typingctx, s, m, lc, bits):  # pragma: no cover - compiled
     return types.none(s, m, lc, bits), codegen
 
 
-def _dscores_codegen(bf16: bool):
-    """The IR of :func:`_dscores32` and (``bf16``) of :func:`_dscores32_bf16`."""
+def _amx_dscores(builder, qp, dop, rp, ktp, vtp, r0, dw, pp, sp) -> None:
+    """IR: ``S`` and ``dP`` of rows ``r0 .. r0 + 31`` (a tile: rows at word offsets
+    ``rp[r]`` of ``qp``, ``dop``, ``dw`` words apart) against the 32 keys, by AMX, stored
+    as float32 rows of 32 at ``pp`` and ``sp`` (row ``r`` at ``32 r``): tiles 0-3
+    accumulate (16 rows x 16 keys), 4-5 hold rows (32 bf16 of each), 6-7 ``K^T`` or
+    ``V^T`` by words (``ktp``, ``vtp``: word ``c`` of key ``j`` at ``32 c + j``)."""
+    _tiles_begin(builder)
+    for xp, tp, outp in ((qp, ktp, pp), (dop, vtp, sp)):
+        for c in range(4):
+            _tile_zero(builder, c)
+        with cgutils.for_range(builder, builder.sdiv(dw, _I64(16))) as sl:
+            w = builder.mul(sl.index, _I64(16))
+            for h in range(2):
+                row = builder.load(builder.gep(rp, [builder.add(r0, _I64(16 * h))]))
+                _tile_load(builder, 4 + h, builder.gep(xp, [builder.add(row, w)]),
+                           builder.mul(dw, _I64(4)))
+                _tile_load(builder, 6 + h, builder.gep(tp, [builder.add(builder.mul(w, _I64(32)),
+                                                                         _I64(16 * h))]), 128)
+            for c in range(4):
+                _tile_dot(builder, c, 4 + c // 2, 6 + c % 2)
+        for c in range(4):  # rows 16 (c // 2) .., keys 16 (c % 2) ..
+            at = builder.add(builder.mul(builder.add(r0, _I64(16 * (c // 2))), _I64(32)),
+                             _I64(16 * (c % 2)))
+            _tile_store(builder, c, builder.gep(outp, [at]), 128)
+    _tiles_end(builder)
+
+
+def _dscores_codegen(bf16: bool, amx: bool = False):
+    """The IR of :func:`_dscores32`, (``bf16``) of :func:`_dscores32_bf16` and (``amx``)
+    of :func:`_dscores32_amx`."""
     G = _GROUP
 
     def codegen(context, builder, signature, args):
         if not _f32(context, signature, 0) or (bf16 and not _AVX512_BF16):
+            return context.get_dummy_value()
+        if amx and not _AMX:
             return context.get_dummy_value()
         qp, dop, rp, ktp, vtp = (_data(context, builder, signature, args, i) for i in range(5))
         m_, d_ = (_int(context, builder, signature, args, i) for i in (5, 6))
@@ -196,10 +243,19 @@ def _dscores_codegen(bf16: bool):
             r0 = builder.mul(gl.index, _I64(G))
             rows = [builder.add(r0, _I64(u)) for u in range(G)]
             offs = [builder.load(builder.gep(rp, [r])) for r in rows]
+            if amx:  # a tile's products first (P, dS overwrite rows already read)
+                first = builder.icmp_signed("==", builder.srem(r0, _I64(32)), _I64(0))
+                with builder.if_then(first):
+                    _amx_dscores(builder, qp, dop, rp, ktp, vtp, r0, d_, pp, sp)
             for w in range(2):
                 for u in range(G):
                     for h in range(2):
-                        builder.store(zero, acc[w][u][h])
+                        x = zero
+                        if amx:
+                            off = builder.add(builder.mul(rows[u], _I64(32)), _I64(16 * h))
+                            x = builder.load(_vec(builder, pp if w == 0 else sp, off), align=4)
+                        builder.store(x, acc[w][u][h])
+
             def products(halves):  # S and dP of the group's rows against those 16 keys
                 with cgutils.for_range(builder, d_) as cl:
                     c = cl.index
@@ -226,6 +282,8 @@ def _dscores_codegen(bf16: bool):
                                         ir.Constant(seen.type, 0))
             high = builder.icmp_unsigned("!=", builder.lshr(seen, ir.Constant(seen.type, 16)),
                                          ir.Constant(seen.type, 0))
+            if amx:  # nothing to skip: the tile's products are done
+                low = high = ir.Constant(ir.IntType(1), 0)
             with builder.if_else(builder.and_(low, high)) as (both, one):
                 with both:
                     products((0, 1))
@@ -285,6 +343,82 @@ def _dscores32(typingctx, q, do, roff, kt, vt, m, d, alpha, lc, dl, bits, dscale
     multiplied."""
     return (types.none(q, do, roff, kt, vt, m, d, alpha, lc, dl, bits, dscale, pbuf, sbuf),
             _dscores_codegen(False))
+
+
+@intrinsic
+def _dscores32_amx(typingctx, q, do, roff, kt, vt, m, dw, alpha, lc, dl, bits, dscale, pbuf,
+                   sbuf, skeys):  # pragma: no cover - compiled
+    """:func:`_dscores32_bf16` with the products by AMX (:mod:`._amx`): each tile of 32
+    rows' ``S`` and ``dP`` are four ``16 x 16`` float32 tiles each, ``dw / 16``
+    ``tdpbf16ps`` of 16 rows of ``Q`` or ``dO`` (where they lie: a tile's rows ``dw``
+    words apart) by 16 words of ``K^T`` or ``V^T``, stored as float32 rows in ``pbuf`` and
+    ``sbuf`` first; then the exponentials, ``dS`` and their bf16 rows as there, over
+    them."""
+    return (types.none(q, do, roff, kt, vt, m, dw, alpha, lc, dl, bits, dscale, pbuf, sbuf,
+                       skeys), _dscores_codegen(True, amx=True))
+
+
+@intrinsic
+def _dkv32_amx(typingctx, mat, src, roff, acc, nt, d, scratch):  # pragma: no cover - compiled
+    """:func:`_dkv32_bf16` by AMX: ``acc += mat^T src`` (``dV += P^T dO``, ``dK += dS^T
+    Q``) over ``nt`` tiles of 32 rows, ``mat`` by pairs of rows as
+    :func:`_dscores32_amx` leaves ``P`` and ``dS``, row ``r`` of ``src`` at word
+    ``roff[r]`` (``d / 2`` words), ``acc`` 32 rows of ``d`` float32
+    (:func:`._amx._amx_pairs_product`, its operands built in ``scratch``: ``nt (512 +
+    16 d)`` words). Every tile whole (``mat`` is 0 where masked)."""
+    def codegen(context, builder, signature, args):
+        if not _f32(context, signature, 0) or not _AMX:
+            return context.get_dummy_value()
+        mp, srcp, rp, ap = (_data(context, builder, signature, args, i) for i in range(4))
+        nt_, d_ = (_int(context, builder, signature, args, i) for i in (4, 5))
+        wp = _data(context, builder, signature, args, 6)
+        _amx_pairs_product(
+            builder, nt_, mp, srcp,
+            lambda t, j: builder.load(builder.gep(rp, [builder.add(builder.mul(t, _I64(32)), j)])),
+            d_, wp, builder.gep(wp, [builder.mul(nt_, _I64(512))]), ap)
+        return context.get_dummy_value()
+    return types.none(mat, src, roff, acc, nt, d, scratch), codegen
+
+
+@intrinsic
+def _dq32_amx(typingctx, mat, kv, dst, roff, nt, d):  # pragma: no cover - compiled
+    """:func:`_dq32_bf16` by AMX: ``dQ += dS K`` for ``nt`` tiles of 32 rows: ``mat`` is
+    ``dS``'s rows in bf16 (``skeys``: 16 words a row), ``kv`` the key rows by pairs
+    (pair ``p``'s ``d`` words at ``p d``), row ``r`` of ``dst`` (float32) at ``roff[r]``
+    (a tile's rows ``d`` apart). Tiles 0-3 accumulate in ``dQ``'s rows (2 halves of a
+    tile x 2 groups of 16 columns), 4-5 hold ``dS`` (16 rows x 32 keys), 6-7 the key
+    pairs of the columns (loaded once per 32 columns)."""
+    def codegen(context, builder, signature, args):
+        if not _f32(context, signature, 0) or not _AMX:
+            return context.get_dummy_value()
+        mp, kp, dp, rp = (_data(context, builder, signature, args, i) for i in range(4))
+        nt_, d_ = (_int(context, builder, signature, args, i) for i in (4, 5))
+        row_bytes = builder.mul(d_, _I64(4))
+        _tiles_begin(builder)
+        with cgutils.for_range(builder, builder.sdiv(d_, _I64(32))) as cl:
+            c0 = builder.mul(cl.index, _I64(32))
+            for h in range(2):
+                _tile_load(builder, 6 + h, builder.gep(kp, [builder.add(c0, _I64(16 * h))]),
+                           row_bytes)
+            with cgutils.for_range(builder, nt_) as tl:
+                r0 = builder.mul(tl.index, _I64(32))
+
+                def c_at(c):  # rows 16 (c % 2) .., columns c0 + 16 (c // 2) ..
+                    row = builder.load(builder.gep(rp, [builder.add(r0, _I64(16 * (c % 2)))]))
+                    return builder.gep(dp, [builder.add(row, builder.add(c0, _I64(16 * (c // 2))))])
+
+                for c in range(4):
+                    _tile_load(builder, c, c_at(c), row_bytes)
+                for h in range(2):
+                    _tile_load(builder, 4 + h, builder.gep(mp, [builder.mul(
+                        builder.add(r0, _I64(16 * h)), _I64(16))]), 64)
+                for c in range(4):
+                    _tile_dot(builder, c, 4 + c % 2, 6 + c // 2)
+                for c in range(4):
+                    _tile_store(builder, c, c_at(c), row_bytes)
+        _tiles_end(builder)
+        return context.get_dummy_value()
+    return types.none(mat, kv, dst, roff, nt, d), codegen
 
 
 @intrinsic

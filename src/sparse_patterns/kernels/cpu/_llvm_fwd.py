@@ -37,6 +37,7 @@ from numba.extending import intrinsic
 
 from ._amx import (
     _amx_ok,
+    _amx_pairs_product,
     _tile_dot,
     _tile_load,
     _tile_store,
@@ -53,7 +54,6 @@ from ._llvm import (
     _pack_bf16,
     _row_pairs,
     _splat,
-    _transpose_regs,
 )
 
 __all__ = ["_exp32", "_exp32_bf16", "_pv32_amx", "_pv32_dense", "_pv32_dense_bf16",
@@ -489,53 +489,10 @@ def _pv_amx_codegen(context, builder, signature, args):
                 builder.store(builder.fmul(builder.load(vec(src, at), align=4), s),
                               vec(dbp, at), align=4)
 
-    with cgutils.for_range(builder, ntile) as tl:
-        t = tl.index
-        # P by rows (the A operand): tile t's 16 rows of pairs x 16 queries, transposed
-        # by words, are 16 queries' rows of 32 keys; at word ((t * 2 + h) * 16 + i) * 16
-        for h in range(2):
-            rows = [builder.load(vec(sp, builder.add(builder.mul(builder.add(
-                builder.mul(t, i64(16)), i64(p)), i64(32)), i64(16 * h))), align=4)
-                for p in range(16)]
-            base = builder.mul(builder.add(builder.mul(t, i64(2)), i64(h)), i64(256))
-            for i, row in enumerate(_transpose_regs(builder, rows)):
-                builder.store(row, vec(rp, builder.add(base, i64(16 * i))), align=4)
-        # V by pairs of rows (the B operand): pair p of tile t at word (t * 16 + p) * d
-        with cgutils.for_range(builder, builder.sdiv(d_, i64(32))) as cl:
-            for p in range(16):
-                key = builder.add(builder.mul(t, i64(32)), i64(2 * p))
-                ra = builder.add(ko_, builder.mul(key, dw))
-                pair = _row_pairs(builder, vp_, ra, builder.add(ra, dw),
-                                  builder.mul(cl.index, i64(32)), 2, vt)
-                at = builder.add(builder.mul(builder.add(builder.mul(t, i64(16)), i64(p)), d_),
-                                 builder.mul(cl.index, i64(32)))
-                for h in range(2):
-                    builder.store(pair[h], vec(tp, builder.add(at, i64(16 * h))), align=4)
     scale_rows(obp, ap)
-    # O += P V: tiles 0-3 (2 halves of the queries x 2 groups of 16 columns, straight in
-    # the rows of O), 4-5 P (16 queries x 32 keys), 6-7 V (16 pairs of keys x 16 columns)
-    _tiles_begin(builder)
-    row_bytes = builder.mul(d_, i64(4))
-    with cgutils.for_range(builder, builder.sdiv(d_, i64(32))) as cl:
-        def c_at(c):  # tile c: queries 16 (c % 2) .., columns 32 cl + 16 (c // 2) ..
-            return builder.gep(dbp, [builder.add(builder.mul(i64(16 * (c % 2)), d_), builder.add(
-                builder.mul(cl.index, i64(32)), i64(16 * (c // 2))))])
-
-        for c in range(4):
-            _tile_load(builder, c, c_at(c), row_bytes)
-        with cgutils.for_range(builder, ntile) as tl:
-            t = tl.index
-            for h in range(2):
-                _tile_load(builder, 4 + h, builder.gep(rp, [builder.mul(builder.add(
-                    builder.mul(t, i64(2)), i64(h)), i64(256))]), 64)
-                vcol = builder.add(builder.mul(cl.index, i64(32)), i64(16 * h))
-                _tile_load(builder, 6 + h, builder.gep(tp, [builder.add(builder.mul(
-                    builder.mul(t, i64(16)), d_), vcol)]), row_bytes)
-            for c in range(4):
-                _tile_dot(builder, c, 4 + c % 2, 6 + c // 2)
-        for c in range(4):
-            _tile_store(builder, c, c_at(c), row_bytes)
-    _tiles_end(builder)
+    _amx_pairs_product(builder, ntile, sp, vp_,
+                       lambda t, j: builder.add(ko_, builder.mul(builder.add(
+                           builder.mul(t, i64(32)), j), dw)), d_, rp, tp, dbp)
     scale_rows(dbp, pp)
     return context.get_dummy_value()
 
