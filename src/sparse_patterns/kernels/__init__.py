@@ -195,10 +195,12 @@ def attention(
         One kind and one dtype: float16, bfloat16 (torch), float32 or float64.
         float16 and bfloat16 are widened to float32 in one pass and computed in
         float32 (products and softmax statistics), the output rounded to the input's
-        dtype (ties to even). Where :func:`~sparse_patterns.kernels.cpu.bf16_applies`
-        (a CPU whose ``vdpbf16ps`` peak is at least 1.3x its float32 FMA peak,
+        dtype (ties to even). Where :func:`~sparse_patterns.kernels.cpu.amx_applies`
+        (a CPU with AMX-BF16) or :func:`~sparse_patterns.kernels.cpu.bf16_applies` (a
+        CPU whose ``vdpbf16ps`` peak is at least 1.3x its float32 FMA peak; both at
         32-token tiles, ``n`` and ``d`` multiples of 32; ``SPARSE_PATTERNS_BF16``
-        overrides), bfloat16 runs on bf16 products instead: float32 softmax
+        overrides), bfloat16 runs on bf16 products instead (AMX tiles or
+        ``vdpbf16ps``, exact bf16 products summed in float32): float32 softmax
         statistics and sums, the probabilities rounded to bf16 before ``P V``.
         Accuracy against the float64 oracle on the same input values, per element:
         float64 exact to rounding; float32 within ~1e-6 relative; bfloat16 and

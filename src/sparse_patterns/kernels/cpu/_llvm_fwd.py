@@ -346,17 +346,21 @@ def _scores_codegen(bf16: bool, amx: bool = False):
                 with partial:
                     finish(True, g, jb, mbase)
 
-        if amx:
-            _tiles_begin(builder)
+        def amx_tile(t):  # tile t's 32 x 32 products (keys x queries) into its rows of st
+            krow = builder.add(koff_, builder.mul(t, builder.mul(d_, i64(32))))
+            _amx_scores(builder, kp, krow, qp, builder.gep(sp, [builder.mul(t, i64(32 * 32))]), d_)
+
+        if amx:  # one tile ahead: the tile unit computes the next tile while the pass
+            _tiles_begin(builder)  # below reads this one's stored products
+            amx_tile(i64(0))
         with cgutils.for_range(builder, nt_) as tl:
             t = tl.index
             mi = builder.sext(builder.load(builder.gep(tp, [builder.add(t0_, t)])), i64)
             full = builder.icmp_signed("<", mi, i64(0))
             mbase = builder.select(full, i64(0), builder.mul(mi, i64(32)))
-            if amx:  # the tile's 32 x 32 products (keys x queries) into its rows of st
-                krow = builder.add(koff_, builder.mul(t, builder.mul(d_, i64(32))))
-                srow = builder.gep(sp, [builder.mul(t, i64(32 * 32))])
-                _amx_scores(builder, kp, krow, qp, srow, d_)
+            if amx:
+                with builder.if_then(builder.icmp_signed("<", builder.add(t, i64(1)), nt_)):
+                    amx_tile(builder.add(t, i64(1)))
             for g in range(32 // _KEYS):
                 jb = builder.add(builder.mul(t, i64(32)), i64(g * _KEYS))
                 for jj in range(_KEYS):
