@@ -261,9 +261,10 @@ def main() -> None:
           f"{len(peaks)} measurements of each): fp32 {peak32 / 1e9:.0f} GFLOP/s, bf16 ({arith16}) "
           f"{peak16 / 1e9:.0f} GFLOP/s; torch fp32 matmul = {mm_best * 1e9 / peak32 * 100:.0f}% "
           "of the fp32 peak")
-    vnni = "bf16 products (vdpbf16ps)" if bf16_applies(plans["strided"], D) else "widened to fp32"
-    fwd = "AMX products (tdpbf16ps)" if amx_applies(plans["strided"], D) else vnni
-    print(f"bf16 inputs here: forward {fwd}, backward {vnni}, by "
+    how = ("AMX products (tdpbf16ps)" if amx_applies(plans["strided"], D)
+           else "bf16 products (vdpbf16ps)" if bf16_applies(plans["strided"], D)
+           else "widened to fp32")
+    print(f"bf16 inputs here (forward and backward): {how}, by "
           "sparse_patterns.kernels.cpu.amx_applies and bf16_applies "
           f"(SPARSE_PATTERNS_BF16={os.environ.get('SPARSE_PATTERNS_BF16', 'auto')})")
     print(f"{args.rounds} rounds, each timing every quantity once (best of {args.repeats} calls; "

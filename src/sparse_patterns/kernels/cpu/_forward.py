@@ -101,6 +101,7 @@ _CHUNK_BYTES = 0
 #   of q, k and v, a share before each of its query blocks: bf16 products a further
 #   8.2-8.8% faster (1.058-1.108x), float32 unchanged (0.996x-1.006x; asked for over
 #   only the item's last 1, 2 or 4 blocks instead: also unchanged, and bf16 less).
+# Not with AMX products (see :mod:`._amx`).
 _PREFETCH = True
 
 
@@ -283,7 +284,7 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
                 post[r] = 1.0
                 if final and lrow[r] != 0.0:
                     post[r] = 1.0 / lrow[r]
-            if bf == 2:  # V^T and O^T in the unused halves of the key and value buffers
+            if bf == 2:  # its operands in the unused halves of the value and key buffers
                 _pv32_amx(va, koff, sbuf, ob, ooff, alpha, post, nk, d, vbuf[vbuf.size // 2:],
                           kbuf[kbuf.size // 2:], ob, ooff)
             elif bf:
@@ -526,7 +527,7 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
     if len(set(groups)) < len(steps) and all(st[5] is None for st in steps):
         hc = _CHUNK_BYTES // (4 * n * d * o1.itemsize)
         hc = BH if hc < 1 else min(BH, hc)  # a head larger than the cache: all at once
-    T = numba.get_num_threads()
+    T, pf = numba.get_num_threads(), _PREFETCH and bf != 2  # (see _PREFETCH)
     for bh0 in range(0, BH, hc):
         bh1 = min(BH, bh0 + hc)
         pending = None  # a piece held back to run together with the next one (_forward_pair)
@@ -554,13 +555,13 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
                 _forward_pair(q1, ka, va, kq, vq, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw,
                               bf, scale, G, groups[p], pa, p, pfirst, last, plan.qperm, kpa,
                               kta, ksa, kperm_used, kt, ks, plan.tile_ptr, plan.tile_col,
-                              plan.tile_mask, plan.masks, maskt, grows, fused, _PREFETCH, block,
+                              plan.tile_mask, plan.masks, maskt, grows, fused, pf, block,
                               chunk, items, precise, T)
                 continue
             _forward_piece(q1, kq, vq, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
                            groups[p], p, first, last, plan.qperm, kperm_used, kt, ks, span,
                            copies, plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks,
-                           maskt, grows, fused, _PREFETCH, block, chunk, items, precise, hc == BH,
+                           maskt, grows, fused, pf, block, chunk, items, precise, hc == BH,
                            T)
 
 
@@ -570,10 +571,9 @@ def forward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: fl
     """:func:`forward` on bf16 inputs with bf16 products: ``q, k, v`` are the bf16
     words (C-contiguous ``int16`` or ``uint16`` ``(B, H, n, d)`` arrays) where
     :func:`._bf16.amx_applies` or :func:`._bf16.bf16_applies`. Scores and ``P V`` are
-    ``vdpbf16ps`` or, with ``amx`` (None: where :func:`._bf16.amx_applies`), AMX
-    ``tdpbf16ps`` (:mod:`._amx`; strided l = 128 and fixed c = 16 at n = 16,384, B = 1,
-    H = 8 on an Intel Xeon with AMX: 1.6x and 2.5x faster than the float32 forward, where
-    ``vdpbf16ps`` is 0.7x and 0.65x): pairs of bf16 products summed in float32, the
+    ``vdpbf16ps`` or, with ``amx`` (None: where :func:`._bf16.amx_applies`), AMX's
+    (:mod:`._amx`; on an Intel Xeon with AMX the strided and fixed forwards 1.6x and 2.5x
+    the float32 ones, ``vdpbf16ps`` 0.7x): pairs of bf16 products summed in float32, the
     probabilities rounded to bf16 before ``P V`` (as FlashAttention does); the softmax
     statistics, the accumulation and the outputs are float32, or with ``words`` the
     output rounded to bf16 as each block finishes: the last piece keeps a block's rows in
