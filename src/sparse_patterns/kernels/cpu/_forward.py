@@ -101,8 +101,7 @@ _CHUNK_BYTES = 0
 #   of q, k and v, a share before each of its query blocks: bf16 products a further
 #   8.2-8.8% faster (1.058-1.108x), float32 unchanged (0.996x-1.006x; asked for over
 #   only the item's last 1, 2 or 4 blocks instead: also unchanged, and bf16 less).
-# With AMX products: the same (off against on, ABBA in one process, 6 rounds: strided min
-# 25.0 against 25.3 ms, medians 26.9 against 25.9; fixed 57.6 against 56.5; Intel Xeon).
+# With AMX products (Intel Xeon, ABBA, 6 rounds): strided and fixed the same either way.
 _PREFETCH = True
 
 
@@ -528,7 +527,7 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
     if len(set(groups)) < len(steps) and all(st[5] is None for st in steps):
         hc = _CHUNK_BYTES // (4 * n * d * o1.itemsize)
         hc = BH if hc < 1 else min(BH, hc)  # a head larger than the cache: all at once
-    T, pf = numba.get_num_threads(), _PREFETCH
+    T = numba.get_num_threads()
     for bh0 in range(0, BH, hc):
         bh1 = min(BH, bh0 + hc)
         pending = None  # a piece held back to run together with the next one (_forward_pair)
@@ -556,13 +555,13 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
                 _forward_pair(q1, ka, va, kq, vq, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw,
                               bf, scale, G, groups[p], pa, p, pfirst, last, plan.qperm, kpa,
                               kta, ksa, kperm_used, kt, ks, plan.tile_ptr, plan.tile_col,
-                              plan.tile_mask, plan.masks, maskt, grows, fused, pf, block,
+                              plan.tile_mask, plan.masks, maskt, grows, fused, _PREFETCH, block,
                               chunk, items, precise, T)
                 continue
             _forward_piece(q1, kq, vq, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
                            groups[p], p, first, last, plan.qperm, kperm_used, kt, ks, span,
                            copies, plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks,
-                           maskt, grows, fused, pf, block, chunk, items, precise, hc == BH,
+                           maskt, grows, fused, _PREFETCH, block, chunk, items, precise, hc == BH,
                            T)
 
 
