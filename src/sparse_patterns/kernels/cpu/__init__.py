@@ -3,7 +3,8 @@
 :func:`forward` and :func:`backward` take C-contiguous float32 or float64
 ``(B, H, n, d)`` arrays that :func:`sparse_patterns.kernels.attention` has
 validated, and a plan (:func:`forward_bf16` and :func:`backward_bf16` the words of
-bf16 ones, on bf16 products, where :func:`bf16_applies`); their outputs come from a
+bf16 ones, on bf16 products, where :func:`amx_applies` or :func:`bf16_applies`); their
+outputs come from a
 per-thread pool of recycled arrays (:func:`release_workspace` frees it). Nothing of size
 ``n x n`` is ever allocated.
 The implementation modules are private; each one's docstring holds the performance
@@ -19,7 +20,7 @@ notes about its code (each measured, A/B in one process, on a CPU without SVML):
 - ``_bf16``: when bf16 inputs run on bf16 products (:func:`amx_applies`,
   :func:`bf16_applies`);
 - ``_amx``: Intel AMX (the tiles' permission, their configuration and instructions),
-  the bf16 forward's products where the CPU has it;
+  the bf16 products of the forward and the backward where the CPU has it;
 - ``_rows``: whole-array row moves (a piece's order, bf16 rows by pairs);
 - ``_schedule``: what both derive from the plan once per plan (block steps,
   ``residue(s)`` pieces, work items and their copy orders, transposed masks);

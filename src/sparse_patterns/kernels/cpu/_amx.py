@@ -1,13 +1,14 @@
-"""Intel AMX for the bf16 forward: whether this process may use the tile registers
+"""Intel AMX for bf16 inputs: whether this process may use the tile registers
 (:func:`amx_here`), and the IR of the tile instructions that the passes of
-:mod:`._llvm_fwd` (:func:`._llvm_fwd._scores32_amx`, :func:`._llvm_fwd._pv32_amx`) emit.
+:mod:`._llvm_fwd` (:func:`._llvm_fwd._scores32_amx`, :func:`._llvm_fwd._pv32_amx`) and
+:mod:`._llvm_bwd` (``_dscores32_amx``, ``_dkv32_amx``, ``_dq32_amx``) emit.
 
 AMX (AMX-TILE, AMX-BF16: Intel Xeon from Sapphire Rapids on) multiplies a tile of
 16 rows x 32 bf16 by one of 16 rows of bf16 pairs into 16 x 16 float32 sums in one
 ``tdpbf16ps``: 512 products summed by pairs where ``vdpbf16ps`` does 32. On the Intel
 Xeon of 2026-11-27 (two cores of a virtual machine) torch's bf16 ``matmul`` (oneDNN,
 AMX) reached 2,001 GFLOP/s against 374 for float32, and ``vdpbf16ps`` half the float32
-FMA peak; so the bf16 forward's products go to AMX where it is.
+FMA peak; so the bf16 products of the forward and the backward go to AMX where it is.
 
 A process must ask Linux for the tiles' register state before its first tile
 instruction (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``: without it the

@@ -1,7 +1,7 @@
-"""When bf16 inputs run on bf16 products rather than widened to float32: the forward's
-by AMX (:func:`amx_applies`) or ``vdpbf16ps``, the backward's by ``vdpbf16ps``
-(:func:`bf16_applies`), from the CPU, the plan and the head size, and the environment
-variable ``SPARSE_PATTERNS_BF16`` that overrides the measured choice.
+"""When bf16 inputs run on bf16 products rather than widened to float32, forward and
+backward: by AMX (:func:`amx_applies`) or by ``vdpbf16ps`` (:func:`bf16_applies`), from
+the CPU, the plan and the head size, and the environment variable
+``SPARSE_PATTERNS_BF16`` that overrides the measured choice.
 """
 
 from __future__ import annotations
@@ -40,6 +40,14 @@ def _bf16_faster() -> bool:
     return fma_peak("bfloat16", 1) >= 1.3 * fma_peak("float32", 1)
 
 
+def _tiles_fit(plan, d: int) -> bool:
+    """Whether bf16 products can run over ``plan`` at head size ``d``: 32-token tiles,
+    ``n`` and ``d`` multiples of 32 (a bad ``SPARSE_PATTERNS_BF16`` is an error whatever
+    the plan)."""
+    _bf16_mode()
+    return plan.block == 32 and plan.n % 32 == 0 and d % 32 == 0
+
+
 def bf16_products_here() -> bool:
     """Whether this process runs bf16 inputs on bf16 products where the plan and head
     size allow (:func:`bf16_applies`): AVX512_BF16, and ``SPARSE_PATTERNS_BF16=products``
@@ -74,10 +82,7 @@ def bf16_applies(plan, d: int) -> bool:
     >>> bf16_applies(sps.plan(sps.make("strided", 64, stride=8), block=16), 64)
     False
     """
-    if plan.block != 32 or plan.n % 32 or d % 32:
-        _bf16_mode()  # a bad SPARSE_PATTERNS_BF16 is an error whatever the plan
-        return False
-    return bf16_products_here()
+    return _tiles_fit(plan, d) and bf16_products_here()
 
 
 def _check_products(plan, n: int, d: int, amx: bool | None = False) -> bool:
@@ -111,7 +116,8 @@ def amx_applies(plan, d: int) -> bool:
     size ``d`` over ``plan`` by AMX (``tdpbf16ps``, :mod:`._amx`): ``SPARSE_PATTERNS_BF16``
     is ``auto``, the CPU has AMX-TILE, AMX-BF16 and AVX512_BF16 and Linux lets this
     process use the tiles (:func:`._amx.amx_here`), ``plan.block == 32`` and ``n`` and
-    ``d`` are multiples of 32. The backward's products stay those of :func:`bf16_applies`.
+    ``d`` are multiples of 32. The backward's products (:func:`._backward.backward_bf16`)
+    are then AMX's too; elsewhere they are ``vdpbf16ps``'s where :func:`bf16_applies`.
 
     Examples
     --------
@@ -119,7 +125,4 @@ def amx_applies(plan, d: int) -> bool:
     >>> amx_applies(sps.plan(sps.make("strided", 64, stride=8), block=16), 64)
     False
     """
-    if plan.block != 32 or plan.n % 32 or d % 32:
-        _bf16_mode()  # a bad SPARSE_PATTERNS_BF16 is an error whatever the plan
-        return False
-    return amx_products_here()
+    return _tiles_fit(plan, d) and amx_products_here()
