@@ -17,7 +17,7 @@ __all__ = ["BF16_MODES", "amx_applies", "amx_products_here", "bf16_applies", "bf
            "_check_products"]
 
 
-#: bf16 products for bf16 inputs: "auto" (the forward's by AMX where
+#: bf16 products for bf16 inputs: "auto" (forward and backward by AMX where
 #: :func:`amx_applies`, else ``vdpbf16ps`` where :func:`bf16_applies`), "products"
 #: (``vdpbf16ps`` wherever it can run, never AMX) or "widen" (never: widened to
 #: float32); the environment variable ``SPARSE_PATTERNS_BF16`` sets it for a process
@@ -99,8 +99,9 @@ def _check_products(plan, n: int, d: int, amx: bool | None = False) -> bool:
 
 
 def amx_products_here() -> bool:
-    """Whether this process runs the bf16 forward's products by AMX where the plan and
-    head size allow (:func:`amx_applies`): ``SPARSE_PATTERNS_BF16=auto``, AVX512_BF16,
+    """Whether this process runs the bf16 products of the forward and the backward by
+    AMX where the plan and head size allow (:func:`amx_applies`):
+    ``SPARSE_PATTERNS_BF16=auto``, AVX512_BF16,
     and AMX that Linux lets the process use (:func:`._amx.amx_here`).
 
     Examples
