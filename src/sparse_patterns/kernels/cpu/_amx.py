@@ -29,7 +29,7 @@ from numba.core import cgutils
 from ._llvm import _has_avx512, _row_pairs, _transpose_regs
 
 __all__ = ["amx_here", "_AMX", "_amx_ok", "_tiles_begin", "_tiles_end", "_tile_load",
-           "_tile_store", "_tile_zero", "_tile_dot", "_amx_pairs_product"]
+           "_tile_store", "_tile_zero", "_tile_dot", "_amx_tile32", "_amx_pairs_product"]
 
 #: numba compiles for a CPU with AMX-TILE and AMX-BF16
 _AMX = _has_avx512("amx-tile") and _has_avx512("amx-bf16")
@@ -124,6 +124,30 @@ def _tile_dot(builder, c: int, a: int, b: int) -> None:
     times tile ``b`` (16 rows of 16 bf16 pairs): ``c[m][n] += sum_k a[m][2k] b[k][2n] +
     a[m][2k+1] b[k][2n+1]``."""
     _call(builder, "llvm.x86.tdpbf16ps", [_I8(c), _I8(a), _I8(b)])
+
+
+def _amx_tile32(builder, a_row, ap, bp, dw, out) -> None:
+    """IR: a 32 x 32 float32 product by AMX, stored to ``out`` (rows of 32 floats): row
+    ``i`` is a row of ``A`` (``2 dw`` bf16; rows ``16 h ..`` from word ``a_row(h)`` of
+    ``ap``, ``dw`` words apart), column ``j`` a column of ``B^T`` by words (word ``c`` of
+    column ``j`` at ``32 c + j`` of ``bp``). Tiles 0-3 accumulate (16 rows x 16 columns),
+    4-5 hold rows of ``A``, 6-7 16 words of ``B^T``, a step being 32 of the ``2 dw``
+    elements; the tile configuration is the caller's (:func:`_tiles_begin`). The
+    forward's scores (keys x queries) and the backward's ``S`` and ``dP`` (rows x keys)."""
+    i64 = ir.IntType(64)
+    for c in range(4):
+        _tile_zero(builder, c)
+    with cgutils.for_range(builder, builder.sdiv(dw, i64(16))) as loop:
+        w = builder.mul(loop.index, i64(16))
+        for h in range(2):
+            _tile_load(builder, 4 + h, builder.gep(ap, [builder.add(a_row(h), w)]),
+                       builder.mul(dw, i64(4)))
+            _tile_load(builder, 6 + h, builder.gep(bp, [builder.add(builder.mul(w, i64(32)),
+                                                                     i64(16 * h))]), 128)
+        for c in range(4):
+            _tile_dot(builder, c, 4 + c // 2, 6 + c % 2)
+    for c in range(4):  # rows 16 (c // 2) .., columns 16 (c % 2) ..
+        _tile_store(builder, c, builder.gep(out, [i64(16 * 32 * (c // 2) + 16 * (c % 2))]), 128)
 
 
 def _amx_pairs_product(builder, ntile, sp, src, row_at, d, pt, vt, cp) -> None:

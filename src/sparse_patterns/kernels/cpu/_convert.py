@@ -48,8 +48,6 @@ def _widen16(typingctx, src, dst, off, count, bf):  # pragma: no cover - compile
         wt = ir.VectorType(ir.IntType(16), _V)
         ft = ir.VectorType(ir.FloatType(), _V)
         step = ir.Constant(count_.type, _V)
-        if bf_.type != ir.IntType(1):  # an integer flag (the backward's bf: 1 or 2)
-            bf_ = builder.icmp_unsigned("!=", bf_, ir.Constant(bf_.type, 0))
         with builder.if_else(bf_) as (brain, ieee):
             for is_bf, arm in ((True, brain), (False, ieee)):
                 with arm, cgutils.for_range(builder, builder.sdiv(count_, step)) as loop:

@@ -47,10 +47,10 @@ from numba.extending import intrinsic
 from ._amx import (
     _AMX,
     _amx_pairs_product,
+    _amx_tile32,
     _tile_dot,
     _tile_load,
     _tile_store,
-    _tile_zero,
     _tiles_begin,
     _tiles_end,
 )
@@ -188,28 +188,14 @@ def _exp_rows32(typingctx, s, m, lc, bits):  # pragma: no cover - compiled
 
 def _amx_dscores(builder, qp, dop, rp, ktp, vtp, r0, dw, pp, sp) -> None:
     """IR: ``S`` and ``dP`` of rows ``r0 .. r0 + 31`` (a tile: rows at word offsets
-    ``rp[r]`` of ``qp``, ``dop``, ``dw`` words apart) against the 32 keys, by AMX, stored
-    as float32 rows of 32 at ``pp`` and ``sp`` (row ``r`` at ``32 r``): tiles 0-3
-    accumulate (16 rows x 16 keys), 4-5 hold rows (32 bf16 of each), 6-7 ``K^T`` or
-    ``V^T`` by words (``ktp``, ``vtp``: word ``c`` of key ``j`` at ``32 c + j``)."""
+    ``rp[r]`` of ``qp``, ``dop``, ``dw`` words apart) against the 32 keys by AMX
+    (:func:`._amx._amx_tile32`, ``K^T`` and ``V^T`` by words in ``ktp``, ``vtp``), stored
+    as float32 rows of 32 at ``pp`` and ``sp`` (row ``r`` at ``32 r``)."""
     _tiles_begin(builder)
     for xp, tp, outp in ((qp, ktp, pp), (dop, vtp, sp)):
-        for c in range(4):
-            _tile_zero(builder, c)
-        with cgutils.for_range(builder, builder.sdiv(dw, _I64(16))) as sl:
-            w = builder.mul(sl.index, _I64(16))
-            for h in range(2):
-                row = builder.load(builder.gep(rp, [builder.add(r0, _I64(16 * h))]))
-                _tile_load(builder, 4 + h, builder.gep(xp, [builder.add(row, w)]),
-                           builder.mul(dw, _I64(4)))
-                _tile_load(builder, 6 + h, builder.gep(tp, [builder.add(builder.mul(w, _I64(32)),
-                                                                         _I64(16 * h))]), 128)
-            for c in range(4):
-                _tile_dot(builder, c, 4 + c // 2, 6 + c % 2)
-        for c in range(4):  # rows 16 (c // 2) .., keys 16 (c % 2) ..
-            at = builder.add(builder.mul(builder.add(r0, _I64(16 * (c // 2))), _I64(32)),
-                             _I64(16 * (c % 2)))
-            _tile_store(builder, c, builder.gep(outp, [at]), 128)
+        _amx_tile32(builder,
+                    lambda h: builder.load(builder.gep(rp, [builder.add(r0, _I64(16 * h))])),
+                    xp, tp, dw, builder.gep(outp, [builder.mul(r0, _I64(32))]))
     _tiles_end(builder)
 
 

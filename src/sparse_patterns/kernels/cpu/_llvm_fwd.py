@@ -38,10 +38,7 @@ from numba.extending import intrinsic
 from ._amx import (
     _amx_ok,
     _amx_pairs_product,
-    _tile_dot,
-    _tile_load,
-    _tile_store,
-    _tile_zero,
+    _amx_tile32,
     _tiles_begin,
     _tiles_end,
 )
@@ -264,30 +261,6 @@ def _pv32_dense_bf16(typingctx, va, koff, st, obuf, ooff, alpha, post, lo, hi, d
 _KEYS = 8  # keys per register block of _scores32 (16 vector accumulators)
 
 
-def _amx_scores(builder, kp, krow, qp, sp, dw):
-    """IR: the 32 x 32 float32 products of one tile by AMX, keys x queries, into
-    ``sp`` (rows of 32): tiles 0-3 accumulate (16 keys, 16 queries), tiles 4-5 hold 16
-    key rows (32 bf16 of each, from word ``krow`` of ``kp``, rows ``dw`` words apart),
-    tiles 6-7 16 words of ``Q^T`` by words (``qp``: word ``c`` of query ``r`` at
-    ``c*32 + r``), a step being 32 of the ``2 dw`` elements."""
-    i64 = ir.IntType(64)
-    for c in range(4):
-        _tile_zero(builder, c)
-    with cgutils.for_range(builder, builder.sdiv(dw, i64(16))) as loop:
-        w = builder.mul(loop.index, i64(16))
-        for h in range(2):
-            _tile_load(builder, 4 + h, builder.gep(kp, [builder.add(krow, builder.add(
-                builder.mul(dw, i64(16 * h)), w))]), builder.mul(dw, i64(4)))
-            _tile_load(builder, 6 + h, builder.gep(qp, [builder.add(builder.mul(w, i64(32)),
-                                                                     i64(16 * h))]), 128)
-        for kh in range(2):
-            for qh in range(2):
-                _tile_dot(builder, 2 * kh + qh, 4 + kh, 6 + qh)
-    for kh in range(2):
-        for qh in range(2):
-            _tile_store(builder, 2 * kh + qh, builder.gep(sp, [i64(16 * 32 * kh + 16 * qh)]), 128)
-
-
 def _scores_codegen(bf16: bool, amx: bool = False):
     """The IR of :func:`_scores32` (float32 or float64 FMAs), of :func:`_scores32_bf16`
     (``bf16``: ``vdpbf16ps`` on pairs of bf16 words) and of :func:`_scores32_amx`
@@ -348,7 +321,8 @@ def _scores_codegen(bf16: bool, amx: bool = False):
 
         def amx_tile(t):  # tile t's 32 x 32 products (keys x queries) into its rows of st
             krow = builder.add(koff_, builder.mul(t, builder.mul(d_, i64(32))))
-            _amx_scores(builder, kp, krow, qp, builder.gep(sp, [builder.mul(t, i64(32 * 32))]), d_)
+            _amx_tile32(builder, lambda h: builder.add(krow, builder.mul(d_, i64(16 * h))), kp,
+                        qp, d_, builder.gep(sp, [builder.mul(t, i64(32 * 32))]))
 
         if amx:  # one tile ahead: the tile unit computes the next tile while the pass
             _tiles_begin(builder)  # below reads this one's stored products

@@ -41,8 +41,7 @@ def _thread_buffers(T, block, chunk, d, like):  # pragma: no cover - compiled
     call (not per work item), on cache lines: queries and output rows, keys and values
     of a chunk, its scores, six row vectors and the row offsets."""
     wq = _aligned(T * 2 * block * d, like).reshape((T, 2, block * d))
-    ck = max(chunk, 2)  # bf16 by AMX: O^T (block x d) in the unused half of the keys'
-    wkv = _aligned(T * 2 * ck * block * d, like).reshape((T, 2, ck * block * d))
+    wkv = _aligned(T * 2 * chunk * block * d, like).reshape((T, 2, chunk * block * d))
     ws = _aligned(T * block * chunk * block, like).reshape((T, block * chunk * block))
     wr = _aligned(T * 6 * block, like).reshape((T, 6, block))
     wi = np.empty((T, block), np.int64)
