@@ -23,7 +23,7 @@ once; it reports the best of a few short runs.
   bf16 products (:func:`._bf16.bf16_applies`).
 * ``bfloat16-amx``: AMX ``tdpbf16ps`` (:mod:`._amx`) on four independent 16 x 16
   float32 tiles, 16 x 16 x 32 products (16,384 FLOPs) per instruction, what the bf16
-  forward runs on where :func:`._bf16.amx_applies`; the ``bfloat16`` peak on a CPU
+  forward and backward run on where :func:`._bf16.amx_applies`; the ``bfloat16`` peak on a CPU
   or process without AMX. Measured on a 2-core Intel Xeon with AMX (2026-11-27):
   7,074 GFLOP/s (3,526 on one core), against 227 for ``vdpbf16ps`` and 463 float32.
 """
@@ -189,8 +189,10 @@ def _measured(dtype: str, threads: int | None) -> float:
     if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= most:
         raise ValueError(f"threads must be an integer from 1 to {most}, got {threads!r}")
     kind = _kind(dtype)
-    x = np.full(_AMX_WORDS, 1e-8, np.float32)  # operands: tiny, no overflow
-    x[:512].view(np.uint32)[:] = 0x3C003C00  # tiles of bf16 1/128
+    x = np.full(_AMX_WORDS, 1e-8, np.float32)
+    # operands: the tiles' bf16 1/128 (the vector loops' float32 words 0.0078): small,
+    # no overflow in any loop's iterations
+    x[:512].view(np.uint32)[:] = 0x3C003C00
     # FLOPs per loop iteration per thread
     per_iter = 4 * 16 * 16 * 32 * 2 if kind == 2 else _ACC * _LANES * (4 if kind else 2)
     _run(threads, 1000, x, kind)  # compile or load, and wake the cores
