@@ -475,6 +475,34 @@ def test_bf16_forward_words_on_random_patterns(blocks, heads, seed, mode):
         np.testing.assert_allclose(outs[1][1], outs[0][1], rtol=1e-5, atol=1e-5)
 
 
+@settings(max_examples=200, deadline=None)
+@given(calls=st.lists(st.tuples(st.integers(-1, 40), st.integers(0, 8)), max_size=30),
+       size=st.integers(1, 8), words=st.sampled_from([1, 4, 1024]))
+def test_ring_slots_against_a_model(calls, size, words):
+    """:func:`._pool._ring_slots` (the AMX forward's ring of paired value tiles) against a
+    model of what each slot holds: a tile is said to be held exactly where its slot was
+    last given that tile; one chunk's tiles never share a slot; ``at < 0`` (rows copied
+    for one chunk) uses slots ``0 ..`` and forgets every tile held."""
+    from sparse_patterns.kernels.cpu._pool import _ring_slots
+
+    ring, slots, held = np.full(size, -1, np.int64), np.empty(8, np.int64), {}
+    for start, ntile in calls:
+        ntile = min(ntile, size)
+        at = -1 if start < 0 else 3 * start  # tiles need not start on a multiple of words
+        _ring_slots(ring, slots, at, ntile, words)
+        if at < 0:
+            assert slots[:ntile].tolist() == list(range(ntile))
+            held = {}
+            continue
+        used = set()
+        for t in range(ntile):
+            s, new = (int(slots[t]), True) if slots[t] >= 0 else (-1 - int(slots[t]), False)
+            assert 0 <= s < size and s not in used
+            used.add(s)
+            assert new == (held.get(s) != at + t * words)
+            held[s] = at + t * words
+
+
 @needs_bf16_products
 def test_amx_asked_for_where_absent_is_a_one_line_error(monkeypatch):
     """``forward_bf16(amx=True)`` where this process cannot run AMX: a ``ValueError``

@@ -150,7 +150,7 @@ def _amx_tile32(builder, a_row, ap, bp, dw, out) -> None:
         _tile_store(builder, c, builder.gep(out, [i64(16 * 32 * (c // 2) + 16 * (c % 2))]), 128)
 
 
-def _amx_pairs_product(builder, ntile, sp, src, row_at, d, pt, vt, cp) -> None:
+def _amx_pairs_product(builder, ntile, sp, src, row_at, d, pt, vt, cp, slot=None) -> None:
     """IR: ``C += X^T Y`` by AMX, summed over ``ntile`` tiles of 32 (the product of the
     forward's ``P V`` and the backward's ``dV``, ``dK``). ``C``: 32 rows of ``d`` float32
     from ``cp`` (row ``i`` at ``i d``), the accumulating tiles; ``X``: 32 x 32 bf16 a
@@ -160,15 +160,24 @@ def _amx_pairs_product(builder, ntile, sp, src, row_at, d, pt, vt, cp) -> None:
 
     Per tile, ``X^T`` by rows (the left operand of ``tdpbf16ps``: ``X``'s pairs
     transposed as 16 x 16 words) goes to ``pt`` (words ``512 t ..``) and ``Y``'s rows
-    interleaved by pairs (the right operand, :func:`._llvm._row_pairs`) to ``vt`` (words
-    ``16 d t ..``); then tiles 0-3 accumulate ``C`` (2 halves of its rows x 2 groups of
-    16 columns, straight in its rows), 4-5 hold ``X^T``, 6-7 ``Y``. ``d``: a multiple of
-    32."""
+    interleaved by pairs (the right operand, :func:`._llvm._row_pairs`) to slot ``s`` of
+    ``vt`` (words ``16 d s ..``); then tiles 0-3 accumulate ``C`` (2 halves of its rows x
+    2 groups of 16 columns, straight in its rows), 4-5 hold ``X^T``, 6-7 ``Y``. ``d``: a
+    multiple of 32. ``slot``: ``None`` (tile ``t`` in slot ``t``), or an ``i64`` pointer
+    to ``ntile`` entries: ``s >= 0``, tile ``t``'s pairs go to slot ``s``; ``s < 0``,
+    slot ``-1 - s`` holds them already (a caller that reuses tiles of ``Y``)."""
     i64 = ir.IntType(64)
     vty = ir.VectorType(ir.FloatType(), 16)
 
     def vec(ptr, off):
         return builder.bitcast(builder.gep(ptr, [off]), vty.as_pointer())
+
+    def where(t):  # (tile t's slot, whether its pairs are still to be made)
+        if slot is None:
+            return t, ir.Constant(ir.IntType(1), 1)
+        s = builder.load(builder.gep(slot, [t]))
+        new = builder.icmp_signed(">=", s, i64(0))
+        return builder.select(new, s, builder.sub(i64(-1), s)), new
 
     with cgutils.for_range(builder, ntile) as tl:
         t = tl.index
@@ -179,14 +188,17 @@ def _amx_pairs_product(builder, ntile, sp, src, row_at, d, pt, vt, cp) -> None:
             base = builder.mul(builder.add(builder.mul(t, i64(2)), i64(h)), i64(256))
             for i, row in enumerate(_transpose_regs(builder, rows)):
                 builder.store(row, vec(pt, builder.add(base, i64(16 * i))), align=4)
-        with cgutils.for_range(builder, builder.sdiv(d, i64(32))) as cl:
-            for p in range(16):  # Y's rows 2p, 2p + 1, 32 columns from 32 cl
-                pair = _row_pairs(builder, src, row_at(t, i64(2 * p)), row_at(t, i64(2 * p + 1)),
-                                  builder.mul(cl.index, i64(32)), 2, vty)
-                at = builder.add(builder.mul(builder.add(builder.mul(t, i64(16)), i64(p)), d),
-                                 builder.mul(cl.index, i64(32)))
-                for h in range(2):
-                    builder.store(pair[h], vec(vt, builder.add(at, i64(16 * h))), align=4)
+        s, new = where(t)
+        with builder.if_then(new, likely=True):
+            with cgutils.for_range(builder, builder.sdiv(d, i64(32))) as cl:
+                for p in range(16):  # Y's rows 2p, 2p + 1, 32 columns from 32 cl
+                    pair = _row_pairs(builder, src, row_at(t, i64(2 * p)),
+                                      row_at(t, i64(2 * p + 1)), builder.mul(cl.index, i64(32)),
+                                      2, vty)
+                    at = builder.add(builder.mul(builder.add(builder.mul(s, i64(16)), i64(p)),
+                                                 d), builder.mul(cl.index, i64(32)))
+                    for h in range(2):
+                        builder.store(pair[h], vec(vt, builder.add(at, i64(16 * h))), align=4)
     _tiles_begin(builder)
     row_bytes = builder.mul(d, i64(4))
     with cgutils.for_range(builder, builder.sdiv(d, i64(32))) as cl:
@@ -198,12 +210,13 @@ def _amx_pairs_product(builder, ntile, sp, src, row_at, d, pt, vt, cp) -> None:
             _tile_load(builder, c, c_at(c), row_bytes)
         with cgutils.for_range(builder, ntile) as tl:
             t = tl.index
+            s = where(t)[0]
             for h in range(2):
                 _tile_load(builder, 4 + h, builder.gep(pt, [builder.mul(builder.add(
                     builder.mul(t, i64(2)), i64(h)), i64(256))]), 64)
                 col = builder.add(builder.mul(cl.index, i64(32)), i64(16 * h))
                 _tile_load(builder, 6 + h, builder.gep(vt, [builder.add(builder.mul(
-                    builder.mul(t, i64(16)), d), col)]), row_bytes)
+                    builder.mul(s, i64(16)), d), col)]), row_bytes)
             for c in range(4):
                 _tile_dot(builder, c, 4 + c % 2, 6 + c // 2)
         for c in range(4):

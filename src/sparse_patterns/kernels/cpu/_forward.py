@@ -63,7 +63,7 @@ from ._llvm_fwd import (
     _scores32_amx,
     _scores32_bf16,
 )
-from ._pool import _aligned, _buffer, _thread_buffers, _views
+from ._pool import _aligned, _buffer, _ring_slots, _thread_buffers, _views
 from ._rows import _permute_residue, _permute_rows
 from ._schedule import (
     _CHUNK,
@@ -79,15 +79,14 @@ from ._softmax import _exp_rows, _mask_tile_t, _softmax_cols
 
 __all__ = ["forward", "forward_bf16"]
 
-# q, k, v and output bytes of the heads that the pieces of a softmax group run over
-# before the next heads (see _forward); 0: every head at once. Head by head (16 MB, half
-# a 32 MB last-level cache that this virtual machine shares) measured faster for the
-# strided forward once (2026-11-26 14:19), slower since on the same AMD Zen 5: at
-# n = 16,384 (B=1, H=8, d=64), 4 interleaved process pairs, float32 median 28.3-30.5
-# against 29.4-31.0 ms, bf16 20.3-21.2 against 22.7-25.0 (2026-11-26 20:35); one
-# process, alternated, per head 3.60-3.65 against 3.64-3.81 ms and 2.34-2.43 against
-# 2.50-2.57 (2026-11-27). The head-by-head path stays (the tests run it) for a cache
-# it suits.
+# q, k, v and output bytes of the heads that the pieces of a softmax group run over before the next
+# heads (see _forward); 0: every head at once. Head by head (16 MB, half a 32 MB last-level cache
+# that this virtual machine shares) measured faster for the strided forward once (2026-11-26
+# 14:19), slower since on the same AMD Zen 5: at n = 16,384 (B=1, H=8, d=64), 4 interleaved process
+# pairs, float32 median 28.3-30.5 against 29.4-31.0 ms, bf16 20.3-21.2 against 22.7-25.0
+# (2026-11-26 20:35); one process, alternated, per head 3.60-3.65 against 3.64-3.81 ms and
+# 2.34-2.43 against 2.50-2.57 (2026-11-27). The head-by-head path stays (the tests run it) for a
+# cache it suits.
 _CHUNK_BYTES = 0
 
 # software prefetch (prefetcht1, into L2), a hint that changes no result; False: off, for
@@ -285,8 +284,10 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
                 if final and lrow[r] != 0.0:
                     post[r] = 1.0 / lrow[r]
             if bf == 2:  # its operands in the unused halves of the value and key buffers
+                _ring_slots(roff[block + chunk:], roff[block:], va.ctypes.data // 4 + koff
+                            if run else -1, c1 - c0, 32 * dw)
                 _pv32_amx(va, koff, sbuf, ob, ooff, alpha, post, nk, d, vbuf[vbuf.size // 2:],
-                          kbuf[kbuf.size // 2:], ob, ooff)
+                          kbuf[kbuf.size // 2:], roff[block:], ob, ooff)
             elif bf:
                 _pv32_dense_bf16(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)
             else:
@@ -403,8 +404,8 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
             # way; copied first, the strided forward at n = 16,384 was about 1% slower)
             kx0, kptr, korder, qptr, qorder = copies
             it = w % nseg
-            x0 = kx0[it]
-            kl, vl = wkl[tid, 0], wkl[tid, 1]
+            _ring_slots(roff[block + chunk:], roff, -1, 0, 1)  # new rows in vl
+            x0, kl, vl = kx0[it], wkl[tid, 0], wkl[tid, 1]
             for t in range(kptr[it], kptr[it + 1]):
                 x = korder[t]
                 _copy(kl, (x - x0) * dw, k1, (base + kperm_used[x]) * dw, dw)
@@ -412,9 +413,7 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
                 x = korder[t]
                 _copy(vl, (x - x0) * dw, v1, (base + kperm_used[x]) * dw, dw)
             y0 = I0 * block
-            qp = qperm[p]
-            ol = wol[tid]
-            ml, ll = wml[tid, 0], wml[tid, 1]
+            qp, ol, ml, ll = qperm[p], wol[tid], wml[tid, 0], wml[tid, 1]
             if not first:
                 for t in range(qptr[it], qptr[it + 1]):
                     y = qorder[t]

@@ -20,7 +20,7 @@ import threading
 import numba
 import numpy as np
 
-__all__ = ["release_workspace", "_aligned", "_buffer", "_thread_buffers", "_views"]
+__all__ = ["release_workspace", "_aligned", "_buffer", "_ring_slots", "_thread_buffers", "_views"]
 
 
 @numba.njit(cache=True)
@@ -39,13 +39,42 @@ def _aligned(size, like):  # pragma: no cover - compiled
 def _thread_buffers(T, block, chunk, d, like):  # pragma: no cover - compiled
     """The buffers of :func:`._forward._qblock` for each of ``T`` threads, allocated once per
     call (not per work item), on cache lines: queries and output rows, keys and values
-    of a chunk, its scores, six row vectors and the row offsets."""
+    of a chunk, its scores, six row vectors and the row offsets, followed by the slots of
+    a chunk's tiles and the ``chunk`` tags of a ring of them (:func:`_ring_slots`, empty)."""
     wq = _aligned(T * 2 * block * d, like).reshape((T, 2, block * d))
     wkv = _aligned(T * 2 * chunk * block * d, like).reshape((T, 2, chunk * block * d))
     ws = _aligned(T * block * chunk * block, like).reshape((T, block * chunk * block))
     wr = _aligned(T * 6 * block, like).reshape((T, 6, block))
-    wi = np.empty((T, block), np.int64)
+    wi = np.empty((T, block + 2 * chunk), np.int64)
+    wi[:, block + chunk:] = -1
     return wq, wkv, ws, wr, wi
+
+
+@numba.njit(cache=True)
+def _ring_slots(ring, slots, at, ntile, words):  # pragma: no cover - compiled
+    """The slots of ``ntile`` tiles of ``words`` words each, from word ``at`` (counted
+    from address 0) of an array that no one writes while ``ring`` is in use, in a ring
+    of ``ring.size`` slots (``ring[s]``: the word at which slot ``s``'s tile starts, -1
+    for none): ``slots[t] = s`` where tile ``t`` is to be made in slot ``s``, ``-1 - s``
+    where slot ``s`` holds it already. ``at < 0``: rows of this chunk only, every tile
+    made again (``slots[t] = t``) and the ring emptied. Consecutive tiles take
+    consecutive slots, so ``ntile <= ring.size`` tiles never share one. The paired value
+    rows of the AMX ``P V`` (:func:`._llvm_fwd._pv32_amx`): the window's key tiles are
+    used by 5 query blocks in a row, and each used to pair them again."""
+    R = ring.size
+    if at < 0:
+        ring[:] = -1
+        for t in range(ntile):
+            slots[t] = t
+        return
+    for t in range(ntile):
+        a = at + t * words
+        s = (a // words) % R
+        if ring[s] == a:
+            slots[t] = -1 - s
+        else:
+            ring[s] = a
+            slots[t] = s
 
 
 @numba.njit(cache=True, inline="always")
