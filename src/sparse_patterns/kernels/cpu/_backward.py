@@ -67,6 +67,7 @@ from ._backward_blas import _kblock
 from ._bf16 import _check_products
 from ._blas import _threads_for, single_threaded_blas
 from ._llvm import (
+    _BLOCK,
     _FM,
     _LOG2E,
     _copy,
@@ -112,7 +113,7 @@ _QRANGE = 128
 _PREFETCH = True
 
 
-@numba.njit(cache=True, fastmath=_FM)
+@numba.njit(**_BLOCK)
 def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kp, n, p, J,
               scale, col_ptr, col_tile, tile_row, tile_mask, masks, ranges, chunk, kc, qc, doc,
               dqc, lc, dc, mbits, pbuf, sbuf, dkacc, dvacc, roff, rowsrc, rng, qnew,

@@ -44,6 +44,7 @@ from ._bf16 import _check_products
 from ._blas import _N, _T, _gemm, _threads_for, single_threaded_blas
 from ._convert import _narrow16
 from ._llvm import (
+    _BLOCK,
     _FM,
     _LOG2E,
     _copy,
@@ -104,7 +105,7 @@ _CHUNK_BYTES = 0
 _PREFETCH = True
 
 
-@numba.njit(cache=True, fastmath=_FM)
+@numba.njit(**_BLOCK)
 def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf, p, I, scale,
             first, last, qmap, kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks,
             maskt, grows, fused, pf, block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow,
