@@ -503,6 +503,54 @@ def test_ring_slots_against_a_model(calls, size, words):
             held[s] = at + t * words
 
 
+@settings(max_examples=200, deadline=None)
+@given(chunks=st.lists(st.lists(st.integers(0, 30), max_size=8, unique=True), max_size=20),
+       size=st.integers(1, 8))
+def test_ring_slot_of_tiles_anywhere_against_a_model(chunks, size):
+    """:func:`._pool._ring_slot` on calls of tiles anywhere (the AMX backward's query
+    tiles; 5 words each, so that some start within another's words): within a call no two
+    tiles share a slot, and a tile is said to be held exactly where its slot holds it."""
+    from sparse_patterns.kernels.cpu._pool import _ring_slot
+
+    ring, held = np.full(size, -1, np.int64), {}
+    for starts in chunks:
+        used, taken = 0, set()
+        for a in [3 * x for x in starts][:size]:
+            code, used = _ring_slot(ring, used, a, 5)
+            s, new = (code, True) if code >= 0 else (-1 - code, False)
+            assert 0 <= s < size and s not in taken
+            taken.add(s)
+            assert new == (held.get(s) != a)
+            held[s] = a
+        assert used == sum(1 << s for s in taken)
+
+
+@needs_amx
+@pytest.mark.parametrize("item_blocks", [1, 3])
+def test_amx_backward_on_work_items_of_few_blocks(item_blocks, monkeypatch):
+    """Work items of a few blocks (strided's residue classes, a block each at stride 32):
+    each item's rows take the buffer rows that the item before took, so the AMX
+    backward's ring of paired q and dO tiles must start empty on each; the gradients
+    are those of the default items (64 blocks, one item a head here), bit for bit."""
+    from sparse_patterns.kernels.cpu import _schedule, backward_bf16
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v, do = ((torch.randn(1, 2, 1024, 64, generator=g) * 2).to(torch.bfloat16)
+                   for _ in range(4))
+    w = [t.view(torch.int16).numpy() for t in (q, k, v, do)]
+    grads = []
+    for blocks in (_schedule._ITEM_BLOCKS, item_blocks):
+        monkeypatch.setattr(_schedule, "_ITEM_BLOCKS", blocks)
+        pl = plan(sps.make("strided", 1024, stride=32), mode="multihead", block=32)
+        assert amx_applies(pl, 64)
+        o, lse = attention(q, k, v, pl, mode="multihead", scale=0.125, return_lse=True)
+        o, lse = o.view(torch.int16).numpy(), lse.numpy()
+        grads.append([np.array(x) for x in backward_bf16(*w[:3], o, lse, w[3], pl, scale=0.125,
+                                                         amx=True)])
+    for a, b in zip(*grads, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 @needs_bf16_products
 def test_amx_asked_for_where_absent_is_a_one_line_error(monkeypatch):
     """``forward_bf16(amx=True)`` where this process cannot run AMX: a ``ValueError``

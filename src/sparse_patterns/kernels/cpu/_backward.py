@@ -90,7 +90,7 @@ from ._llvm_bwd import (
     _dscores32_bf16,
     _tile_ranges,
 )
-from ._pool import _aligned, _buffer
+from ._pool import _aligned, _buffer, _ring_slot, _ring_slots
 from ._rows import _delta_bf16, _delta_rows, _narrow_rows, _stats32
 from ._schedule import _CHUNK, _backward_items, _backward_order, _block_steps, _finished_blocks
 
@@ -118,7 +118,7 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kp, n
               scale, col_ptr, col_tile, tile_row, tile_mask, masks, ranges, chunk, kc, qc, doc,
               dqc, lc, dc, mbits, pbuf, sbuf, dkacc, dvacc, roff, rowsrc, rng, qnew,
               knew, bf, dw, skeys, roffd, ilo,
-              ihi, pf):  # pragma: no cover - compiled
+              ihi, pf, ring):  # pragma: no cover - compiled
     """Key block ``J`` of piece ``p`` for float32, 32-token tiles and ``d`` a multiple of
     16 (of 32 for bf16): the register-blocked passes of :mod:`._llvm_bwd` on chunks of ``chunk`` tiles.
 
@@ -270,9 +270,15 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kp, n
         if bf == 2:  # by AMX; its operands built past dS's rows in skeys
             _dscores32_amx(qa, doa, roff, kt, vt, nt * 32, dw, alpha, lc, dc, mbits,
                            np.float32(scale), pbuf, sbuf, skeys)
+            tags, slots = ring[:chunk], ring[chunk:]  # the query tiles' paired q, dO rows:
+            _ring_slots(tags, slots, -1 if gather else 0, nt if gather else 0, 1)  # gathered,
+            used = 0  # made again; in place, kept from key block to key block
+            for a in range(0 if gather else nt):
+                slots[a], used = _ring_slot(tags, used, qa.ctypes.data // 4 + roff[32 * a], 16 * d)
             for w in range(2):
                 _dkv32_amx(pbuf if w == 0 else sbuf, doa if w == 0 else qa, roff,
-                           dvacc if w == 0 else dkacc, nt, d, skeys[chunk * 512:])
+                           dvacc if w == 0 else dkacc, nt, d, skeys[chunk * 512:],
+                           skeys[chunk * (1024 + 16 * d * w):], slots)
             _dq32_amx(skeys, kv, dqa, roffd, nt, d)
         elif bf:
             _dscores32_bf16(qa, doa, roff, kt, vt, nt * 32, dw, alpha, lc, dc, mbits,
@@ -411,8 +417,8 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
         rowsrc = np.empty(max(chunk * block, c32, block), np.int64)
         roff = np.empty(c32, np.int64)
         roffd = np.empty(c32, np.int64)
-        skeys = _aligned((c32 * 16 + (c32 * (16 + d // 2) if bf == 2 else 0)) if bf else 0, q2)
-        rng = np.empty(c32, np.int64)
+        skeys = _aligned((c32 * 16 + (c32 * (16 + d) if bf == 2 else 0)) if bf else 0, q2)
+        rng, ring = np.empty(c32, np.int64), np.full(2 * chunk, -1, np.int64)  # ring: AMX's
         ib = items_ib[numba.get_thread_id()]
         iq = 2 if fused else 4  # where the gradients start
         lq, ldo, ldq = ib[0], ib[1], ib[iq]
@@ -443,6 +449,7 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                 wqf, wdof, wdqf = qf, dof, dqf
                 wbase, J0, J1 = 0, 0, nb
                 if nit > 0:
+                    ring[:chunk] = -1  # the item's rows, new in its buffers
                     it = item_ptr[p] + u
                     b0, b1, o0 = items[it, 0], items[it, 1], items[it, 2]
                     x0 = b0 * block
@@ -488,7 +495,7 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                                       col_ptr, col_tile, tile_row, tile_mask, masks, ranges,
                                       chunk, kc, qc, doc, dqc, lc, dc, mbits, sbuf, dpbuf, dkacc,
                                       dvacc, roff, rowsrc, rng, wqnew, knew, bf, dw, skeys, roffd,
-                                      r0, r0 + nr, pf)
+                                      r0, r0 + nr, pf, ring)
                         else:
                             _kblock(wq, wk, wv, wdo, wl1, wdl, wdq, wdk, wdv, wbase, n, p, wpp,
                                     J, scale, wqperm, wkperm, col_ptr, col_tile, tile_row,

@@ -20,7 +20,8 @@ import threading
 import numba
 import numpy as np
 
-__all__ = ["release_workspace", "_aligned", "_buffer", "_ring_slots", "_thread_buffers", "_views"]
+__all__ = ["release_workspace", "_aligned", "_buffer", "_ring_slot", "_ring_slots", "_thread_buffers",
+           "_views"]
 
 
 @numba.njit(cache=True)
@@ -50,31 +51,42 @@ def _thread_buffers(T, block, chunk, d, like):  # pragma: no cover - compiled
     return wq, wkv, ws, wr, wi
 
 
+@numba.njit(cache=True, inline="always")
+def _ring_slot(ring, used, a, words):  # pragma: no cover - compiled
+    """:func:`_ring_slots` for one tile that starts at word ``a``: its slot code and
+    ``used`` (the bits of the slots the call's tiles took so far) with its slot's bit
+    set. The tile's slot is ``a // words`` modulo the ring's size, or the next one that
+    no tile of the call took."""
+    s = (a // words) % ring.size
+    while (used >> s) & 1:
+        s = (s + 1) % ring.size
+    used |= 1 << s
+    if ring[s] == a:
+        return -1 - s, used
+    ring[s] = a
+    return s, used
+
+
 @numba.njit(cache=True)
 def _ring_slots(ring, slots, at, ntile, words):  # pragma: no cover - compiled
-    """The slots of ``ntile`` tiles of ``words`` words each, from word ``at`` (counted
-    from address 0) of an array that no one writes while ``ring`` is in use, in a ring
-    of ``ring.size`` slots (``ring[s]``: the word at which slot ``s``'s tile starts, -1
-    for none): ``slots[t] = s`` where tile ``t`` is to be made in slot ``s``, ``-1 - s``
-    where slot ``s`` holds it already. ``at < 0``: rows of this chunk only, every tile
-    made again (``slots[t] = t``) and the ring emptied. Consecutive tiles take
-    consecutive slots, so ``ntile <= ring.size`` tiles never share one. The paired value
-    rows of the AMX ``P V`` (:func:`._llvm_fwd._pv32_amx`): the window's key tiles are
-    used by 5 query blocks in a row, and each used to pair them again."""
-    R = ring.size
-    if at < 0:
+    """The slots of ``ntile`` tiles of ``words`` words each, tile ``t`` from word ``at +
+    t words`` (counted from address 0) of an array that no one writes while ``ring`` is in
+    use, in a ring of ``ring.size <= 62`` slots (``ring[s]``: the word at which slot
+    ``s``'s tile starts, -1 for none): ``slots[t] = s`` where tile ``t`` is to be made in
+    slot ``s``, ``-1 - s`` where slot ``s`` holds it already; no two tiles of a call
+    share a slot (:func:`_ring_slot`, one tile: tiles anywhere). ``at < 0``: rows of
+    this chunk only, every tile made again (``slots[t] = t``) and the ring emptied. The
+    paired rows of the AMX products by tiles of rows that several calls in a row use
+    (:func:`._llvm_fwd._pv32_amx`: the value rows of the window's key tiles, each used by
+    5 query blocks; :func:`._llvm_bwd._dkv32_amx`: the q and dO rows of query tiles)."""
+    if at < 0 or ring.size > 62:
         ring[:] = -1
         for t in range(ntile):
             slots[t] = t
         return
+    used = 0
     for t in range(ntile):
-        a = at + t * words
-        s = (a // words) % R
-        if ring[s] == a:
-            slots[t] = -1 - s
-        else:
-            ring[s] = a
-            slots[t] = s
+        slots[t], used = _ring_slot(ring, used, at + t * words, words)
 
 
 @numba.njit(cache=True, inline="always")
