@@ -345,7 +345,8 @@ def _dscores32_amx(typingctx, q, do, roff, kt, vt, m, dw, alpha, lc, dl, bits, d
 
 
 @intrinsic
-def _dkv32_amx(typingctx, mat, src, roff, acc, nt, d, scratch, ring, slots):  # pragma: no cover - compiled
+def _dkv32_amx(typingctx, mat, src, roff, acc, nt, d, scratch, ring,
+               slots):  # pragma: no cover - compiled
     """:func:`_dkv32_bf16` by AMX: ``acc += mat^T src`` (``dV += P^T dO``, ``dK += dS^T
     Q``) over ``nt`` tiles of 32 rows, ``mat`` by pairs of rows as
     :func:`_dscores32_amx` leaves ``P`` and ``dS``, row ``r`` of ``src`` at word

@@ -20,8 +20,8 @@ import threading
 import numba
 import numpy as np
 
-__all__ = ["release_workspace", "_aligned", "_buffer", "_ring_slot", "_ring_slots", "_thread_buffers",
-           "_views"]
+__all__ = ["release_workspace", "_aligned", "_buffer", "_ring_slot", "_ring_slots",
+           "_thread_buffers", "_views"]
 
 
 @numba.njit(cache=True)
