@@ -542,7 +542,8 @@ def test_amx_backward_on_work_items_of_few_blocks(item_blocks, monkeypatch):
     for blocks in (_schedule._ITEM_BLOCKS, item_blocks):
         monkeypatch.setattr(_schedule, "_ITEM_BLOCKS", blocks)
         pl = plan(sps.make("strided", 1024, stride=32), mode="multihead", block=32)
-        assert amx_applies(pl, 64)
+        items = _schedule._backward_items(pl)[1]
+        assert amx_applies(pl, 64) and (items[:, 1] - items[:, 0]).max() <= blocks
         o, lse = attention(q, k, v, pl, mode="multihead", scale=0.125, return_lse=True)
         o, lse = o.view(torch.int16).numpy(), lse.numpy()
         grads.append([np.array(x) for x in backward_bf16(*w[:3], o, lse, w[3], pl, scale=0.125,
