@@ -489,7 +489,7 @@ def test_ring_slots_against_a_model(calls, size, words):
     for start, ntile in calls:
         ntile = min(ntile, size)
         at = -1 if start < 0 else 3 * start  # tiles need not start on a multiple of words
-        _ring_slots(ring, slots, at, ntile, words)
+        _ring_slots(ring, slots, at, np.empty(0, np.int64), ntile, words)
         if at < 0:
             assert slots[:ntile].tolist() == list(range(ntile))
             held = {}

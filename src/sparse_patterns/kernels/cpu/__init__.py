@@ -4,9 +4,8 @@
 ``(B, H, n, d)`` arrays that :func:`sparse_patterns.kernels.attention` has
 validated, and a plan (:func:`forward_bf16` and :func:`backward_bf16` the words of
 bf16 ones, on bf16 products, where :func:`amx_applies` or :func:`bf16_applies`); their
-outputs come from a
-per-thread pool of recycled arrays (:func:`release_workspace` frees it). Nothing of size
-``n x n`` is ever allocated.
+outputs come from a per-thread pool of recycled arrays (:func:`release_workspace` frees
+it). Nothing of size ``n x n`` is ever allocated.
 The implementation modules are private; each one's docstring holds the performance
 notes about its code (each measured, A/B in one process, on a CPU without SVML):
 

@@ -150,7 +150,7 @@ def _amx_tile32(builder, a_row, ap, bp, dw, out) -> None:
         _tile_store(builder, c, builder.gep(out, [i64(16 * 32 * (c // 2) + 16 * (c % 2))]), 128)
 
 
-def _amx_pairs_product(builder, ntile, sp, src, row_at, d, pt, vt, cp, slot=None) -> None:
+def _amx_pairs_product(builder, ntile, sp, src, row_at, d, pt, vt, cp, slot) -> None:
     """IR: ``C += X^T Y`` by AMX, summed over ``ntile`` tiles of 32 (the product of the
     forward's ``P V`` and the backward's ``dV``, ``dK``). ``C``: 32 rows of ``d`` float32
     from ``cp`` (row ``i`` at ``i d``), the accumulating tiles; ``X``: 32 x 32 bf16 a
@@ -163,9 +163,9 @@ def _amx_pairs_product(builder, ntile, sp, src, row_at, d, pt, vt, cp, slot=None
     interleaved by pairs (the right operand, :func:`._llvm._row_pairs`) to slot ``s`` of
     ``vt`` (words ``16 d s ..``); then tiles 0-3 accumulate ``C`` (2 halves of its rows x
     2 groups of 16 columns, straight in its rows), 4-5 hold ``X^T``, 6-7 ``Y``. ``d``: a
-    multiple of 32. ``slot``: ``None`` (tile ``t`` in slot ``t``), or an ``i64`` pointer
-    to ``ntile`` entries: ``s >= 0``, tile ``t``'s pairs go to slot ``s``; ``s < 0``,
-    slot ``-1 - s`` holds them already (a caller that reuses tiles of ``Y``)."""
+    multiple of 32. ``slot``: an ``i64`` pointer to ``ntile`` entries
+    (:func:`._pool._ring_slots`): ``s >= 0``, tile ``t``'s pairs go to slot ``s``; ``s <
+    0``, slot ``-1 - s`` holds them already."""
     i64 = ir.IntType(64)
     vty = ir.VectorType(ir.FloatType(), 16)
 
@@ -173,8 +173,6 @@ def _amx_pairs_product(builder, ntile, sp, src, row_at, d, pt, vt, cp, slot=None
         return builder.bitcast(builder.gep(ptr, [off]), vty.as_pointer())
 
     def where(t):  # (tile t's slot, whether its pairs are still to be made)
-        if slot is None:
-            return t, ir.Constant(ir.IntType(1), 1)
         s = builder.load(builder.gep(slot, [t]))
         new = builder.icmp_signed(">=", s, i64(0))
         return builder.select(new, s, builder.sub(i64(-1), s)), new

@@ -90,7 +90,7 @@ from ._llvm_bwd import (
     _dscores32_bf16,
     _tile_ranges,
 )
-from ._pool import _aligned, _buffer, _ring_slot, _ring_slots
+from ._pool import _aligned, _buffer, _ring_slots
 from ._rows import _delta_bf16, _delta_rows, _narrow_rows, _stats32
 from ._schedule import _CHUNK, _backward_items, _backward_order, _block_steps, _finished_blocks
 
@@ -270,11 +270,11 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kp, n
         if bf == 2:  # by AMX; its operands built past dS's rows in skeys
             _dscores32_amx(qa, doa, roff, kt, vt, nt * 32, dw, alpha, lc, dc, mbits,
                            np.float32(scale), pbuf, sbuf, skeys)
-            tags, slots = ring[:chunk], ring[chunk:]  # the query tiles' paired q, dO rows:
-            _ring_slots(tags, slots, -1 if gather else 0, nt if gather else 0, 1)  # gathered,
-            used = 0  # made again; in place, kept from key block to key block
-            for a in range(0 if gather else nt):
-                slots[a], used = _ring_slot(tags, used, qa.ctypes.data // 4 + roff[32 * a], 16 * d)
+            # the query tiles' paired q and dO rows: kept from one key block to the next
+            # where the rows are read in place, made again where they are gathered
+            slots = ring[chunk:]
+            _ring_slots(ring[:chunk], slots, -1 if gather else qa.ctypes.data // 4, roff, nt,
+                        16 * d)
             for w in range(2):
                 _dkv32_amx(pbuf if w == 0 else sbuf, doa if w == 0 else qa, roff,
                            dvacc if w == 0 else dkacc, nt, d, skeys[chunk * 512:],

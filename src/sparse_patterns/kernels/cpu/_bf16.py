@@ -101,8 +101,8 @@ def _check_products(plan, n: int, d: int, amx: bool | None = False) -> bool:
 def amx_products_here() -> bool:
     """Whether this process runs the bf16 products of the forward and the backward by
     AMX where the plan and head size allow (:func:`amx_applies`):
-    ``SPARSE_PATTERNS_BF16=auto``, AVX512_BF16,
-    and AMX that Linux lets the process use (:func:`._amx.amx_here`).
+    ``SPARSE_PATTERNS_BF16=auto``, AVX512_BF16, and AMX that Linux lets the process use
+    (:func:`._amx.amx_here`).
 
     Examples
     --------

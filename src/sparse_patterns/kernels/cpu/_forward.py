@@ -286,7 +286,7 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
                     post[r] = 1.0 / lrow[r]
             if bf == 2:  # its operands in the unused halves of the value and key buffers
                 _ring_slots(roff[block + chunk:], roff[block:], va.ctypes.data // 4 + koff
-                            if run else -1, c1 - c0, 32 * dw)
+                            if run else -1, roff[:0], c1 - c0, 32 * dw)
                 _pv32_amx(va, koff, sbuf, ob, ooff, alpha, post, nk, d, vbuf[vbuf.size // 2:],
                           kbuf[kbuf.size // 2:], roff[block:], ob, ooff)
             elif bf:
@@ -405,7 +405,7 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
             # way; copied first, the strided forward at n = 16,384 was about 1% slower)
             kx0, kptr, korder, qptr, qorder = copies
             it = w % nseg
-            _ring_slots(roff[block + chunk:], roff, -1, 0, 1)  # new rows in vl
+            roff[block + chunk:] = -1  # the ring's tiles: vl gets new rows
             x0, kl, vl = kx0[it], wkl[tid, 0], wkl[tid, 1]
             for t in range(kptr[it], kptr[it + 1]):
                 x = korder[t]
@@ -572,7 +572,7 @@ def forward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: fl
     words (C-contiguous ``int16`` or ``uint16`` ``(B, H, n, d)`` arrays) where
     :func:`._bf16.amx_applies` or :func:`._bf16.bf16_applies`. Scores and ``P V`` are
     ``vdpbf16ps`` or, with ``amx`` (None: where :func:`._bf16.amx_applies`), AMX's
-    (:mod:`._amx`; on an Intel Xeon with AMX the strided and fixed forwards 1.6x and 2.5x
+    (:mod:`._amx`; on an Intel Xeon with AMX the strided and fixed forwards 1.8x and 2.5x
     the float32 ones, ``vdpbf16ps`` 0.7x): pairs of bf16 products summed in float32, the
     probabilities rounded to bf16 before ``P V`` (as FlashAttention does); the softmax
     statistics, the accumulation and the outputs are float32, or with ``words`` the

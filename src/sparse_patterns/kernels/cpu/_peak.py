@@ -23,8 +23,8 @@ once; it reports the best of a few short runs.
   bf16 products (:func:`._bf16.bf16_applies`).
 * ``bfloat16-amx``: AMX ``tdpbf16ps`` (:mod:`._amx`) on four independent 16 x 16
   float32 tiles, 16 x 16 x 32 products (16,384 FLOPs) per instruction, what the bf16
-  forward and backward run on where :func:`._bf16.amx_applies`; the ``bfloat16`` peak on a CPU
-  or process without AMX. Measured on a 2-core Intel Xeon with AMX (2026-11-27):
+  forward and backward run on where :func:`._bf16.amx_applies`; the ``bfloat16`` peak
+  on a CPU or process without AMX. Measured on a 2-core Intel Xeon with AMX (2026-11-27):
   7,074 GFLOP/s (3,526 on one core), against 227 for ``vdpbf16ps`` and 463 float32.
 """
 

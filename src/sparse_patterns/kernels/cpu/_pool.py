@@ -68,14 +68,15 @@ def _ring_slot(ring, used, a, words):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def _ring_slots(ring, slots, at, ntile, words):  # pragma: no cover - compiled
+def _ring_slots(ring, slots, at, offs, ntile, words):  # pragma: no cover - compiled
     """The slots of ``ntile`` tiles of ``words`` words each, tile ``t`` from word ``at +
-    t words`` (counted from address 0) of an array that no one writes while ``ring`` is in
-    use, in a ring of ``ring.size <= 62`` slots (``ring[s]``: the word at which slot
-    ``s``'s tile starts, -1 for none): ``slots[t] = s`` where tile ``t`` is to be made in
-    slot ``s``, ``-1 - s`` where slot ``s`` holds it already; no two tiles of a call
-    share a slot (:func:`_ring_slot`, one tile: tiles anywhere). ``at < 0``: rows of
-    this chunk only, every tile made again (``slots[t] = t``) and the ring emptied. The
+    offs[32 t]`` (``offs`` empty: ``at + t words``; words counted from address 0) of an
+    array that no one writes while ``ring`` is in use, in a ring of ``ring.size <= 62``
+    slots (``ring[s]``: the word at which slot ``s``'s tile starts, -1 for none):
+    ``slots[t] = s`` where tile ``t`` is to be made in slot ``s``, ``-1 - s`` where slot
+    ``s`` holds it already; no two tiles of a call share a slot (:func:`_ring_slot`).
+    ``at < 0``: rows of this chunk only, every tile made again (``slots[t] = t``) and the
+    ring emptied. The
     paired rows of the AMX products by tiles of rows that several calls in a row use
     (:func:`._llvm_fwd._pv32_amx`: the value rows of the window's key tiles, each used by
     5 query blocks; :func:`._llvm_bwd._dkv32_amx`: the q and dO rows of query tiles)."""
@@ -86,7 +87,8 @@ def _ring_slots(ring, slots, at, ntile, words):  # pragma: no cover - compiled
         return
     used = 0
     for t in range(ntile):
-        slots[t], used = _ring_slot(ring, used, at + t * words, words)
+        a = at + (offs[32 * t] if offs.size > 0 else t * words)
+        slots[t], used = _ring_slot(ring, used, a, words)
 
 
 @numba.njit(cache=True, inline="always")
