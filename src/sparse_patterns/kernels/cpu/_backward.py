@@ -37,12 +37,12 @@ Two implementations of a key block share that frame:
   item's q and dO rows, a share per key block, nothing). Chunks of 1, 2 or 4 tiles,
   and ``delta`` at first use, were slower (3 tiles
   against 2: fixed 3% faster, strided the same, one process alternating the two).
-  Over a head's whole order the key blocks take the query blocks 128 at a time
-  (``_QRANGE``: 1 MB of each of q, dO and dq rows at d = 64), all key blocks for the
-  first 128, then for the next: a long column (fixed's summary keys, read by every
-  later row) otherwise streams the head's 12 MB of rows once per key block, more than
-  2 threads' share of the cache. Fixed backward, one process, one plan, alternated
-  call by call: median 230 against 252 ms (bf16 145 against 173), strided the same.
+  Key blocks take the query blocks 64 at a time (``_QRANGE``: 512 KB of each of q, dO,
+  dq at d = 64), all key blocks for the first 64, then the next: a long column (fixed's
+  summary keys) otherwise streams a head's 12 MB of rows once per key block. Fixed, AMD
+  Zen 5: 128 at a time 230 ms, all at once 252 (bf16 145, 173); 64 against 128 on an
+  Intel Xeon (2 MB of L2 a core; ABBA, 8 rounds): fixed 1.014x, bf16 products 1.070x
+  (1.052-1.080), strided 1.023x and 0.991x; 32 the same as 64.
 * bf16 inputs where :func:`._bf16.bf16_applies` (:func:`backward_bf16`): the fused
   path on bf16 products, the ``_bf16`` passes of :mod:`._llvm_bwd` (``P`` and ``dS``
   rounded to bf16 between them, the rows of ``q`` and ``dO`` that ``dV`` and ``dK`` sum
@@ -103,8 +103,8 @@ _CHUNK32 = 3  # tiles per chunk of the fused float32 path (P and dS, 24 KB, in L
 # and 8 the same as 5), fixed 2%; float32 strided the same with 5, fixed 1.5% slower
 _CHUNK16 = 5
 #: Query blocks per pass of the key blocks over a head's rows (fused path, pieces without
-#: work items): 128 blocks of 32 rows are 1 MB of each of q, dO and dq at d = 64.
-_QRANGE = 128
+#: work items): 64 blocks of 32 rows are 512 KB of each of q, dO and dq at d = 64.
+_QRANGE = 64
 # software prefetch (prefetcht1) of the next key block's rows in the fused path, a hint
 # that changes no result (False: off, for A/B runs). Strided n = 16,384 (B=1, H=8, d=64,
 # merged; AMD Zen 5; one process, one plan, alternated, 5-6 rounds): float32 1.032x
