@@ -745,11 +745,10 @@ def test_fallback_without_avx512_bf16(tmp_path):
         assert not bf16_applies(sps.plan(pat), 32)  # even asked for products: widened
         assert not amx_applies(sps.plan(pat), 32)
         o16, lse = attention(q, q, q, pat, return_lse=True)
-        out = o16.double().numpy()[0]
-        x = q.double().numpy()[0]  # the dense float64 oracle (no float64 kernel to compile)
-        s = np.where(pat.to_dense(), np.einsum("hid,hjd->hij", x, x) / np.sqrt(32), -np.inf)
-        e = np.exp(s - s.max(-1, keepdims=True))
-        ref = np.einsum("hij,hjd->hid", e / e.sum(-1, keepdims=True), x)
+        from sparse_patterns.testing import attention_masks, attention_oracle
+        out = o16.double().numpy()
+        x = q.double().numpy()  # the float64 oracle (no float64 kernel to compile)
+        ref, _ = attention_oracle(x, x, x, attention_masks(pat, "multihead", 2))
         assert (np.abs(out - ref) <= 2.0**-8 * np.abs(ref) + 1e-5).all()
         from sparse_patterns.kernels import attention_backward
         grads = attention_backward(q, q, q, o16, lse, q, pat)

@@ -167,20 +167,20 @@ def _pv_codegen(bf16: bool = False):
 
         acc = [[cgutils.alloca_once(builder, vt) for c in range(C)] for u in range(G)]
 
-        def bound(g, ptr, pick):  # the widest key range of the block's groups of 4
+        def pick(op, x, y):  # x if x op y, else y (the larger or smaller of two)
+            return builder.select(builder.icmp_signed(op, x, y), x, y)
+
+        def bound(g, ptr, op):  # the widest key range of the block's groups of 4
             x = None
             for s in range(G // 4):
                 y = builder.load(builder.gep(ptr, [builder.add(builder.mul(g, i64(G // 4)), i64(s))]))
-                x = y if x is None else builder.select(builder.icmp_signed(pick, y, x), y, x)
+                x = y if x is None else pick(op, y, x)
             return x
 
         KB = _PV_KEYS // 2 if bf16 else _PV_KEYS  # a key block, in steps
 
         def floor(j):  # the first step of j's key block
             return builder.mul(builder.sdiv(j, i64(KB)), i64(KB))
-
-        def pick(op, x, y):  # x if x op y, else y (the larger or smaller of two)
-            return builder.select(builder.icmp_signed(op, x, y), x, y)
 
         def row(g, u):  # query u of block g
             return builder.add(builder.mul(g, i64(G)), i64(u))
