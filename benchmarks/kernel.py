@@ -14,7 +14,9 @@ forwards with bf16 inputs (strided also with a new output array each call: the k
 recycles the arrays of outputs its caller dropped, see
 ``sparse_patterns.kernels.cpu._pool._buffer``); the cost of going to n=65,536 with
 l=sqrt(n); the forward's peak memory at 65,536 (a subprocess sampling its resident set);
-the backward/forward ratios (strided, fixed) and the bf16 backward speed-ups; a training
+the backward/forward ratios (strided, fixed; fixed also on inputs 16 bytes into a cache
+line, as NumPy's large arrays are: the other inputs start on a line, as torch's tensors do)
+and the bf16 backward speed-ups; a training
 step's attention (``SparseAttention`` forward + backward on torch tensors) against SDPA's
 causal forward + backward; and the first-call (compile or cache load) time.
 
@@ -68,9 +70,21 @@ def best(fn, repeats: int) -> float:
     return min(times)
 
 
-def inputs(n: int, seed: int = 0) -> tuple[np.ndarray, ...]:
+def inputs(n: int, seed: int = 0, offset: int = 0) -> tuple[np.ndarray, ...]:
+    """Three standard-normal ``(B, H, n, D)`` float32 arrays starting ``offset`` bytes past
+    a 64-byte cache line: 0 as torch allocates its tensors (the bf16 and training-step
+    figures run on torch tensors); NumPy's large arrays start 16 bytes into a line, where
+    every 64-byte vector load of a row spans two lines (the fixed backward ~3% slower)."""
     rng = np.random.default_rng(seed)
-    return tuple(rng.standard_normal((B, H, n, D), dtype=np.float32) for _ in range(3))
+
+    def placed() -> np.ndarray:
+        size = B * H * n * D
+        raw = np.empty(size + 32, np.float32)
+        start = ((-raw.ctypes.data) % 64 + offset) // 4
+        return rng.standard_normal(dtype=np.float32, out=raw[start:start + size].reshape(
+            (B, H, n, D)))
+
+    return tuple(placed() for _ in range(3))
 
 
 def pattern(name: str, n: int):
@@ -182,6 +196,9 @@ def main() -> None:
     strided = pats["strided"]
     o, lse = attention(q, k, v, strided, mode="merged", return_lse=True, block=args.block)
     do = inputs(n, seed=1)[0]
+    # the same values 16 bytes into a cache line, as NumPy's large arrays are
+    qo, ko, vo = inputs(n, offset=16)
+    doo = inputs(n, seed=1, offset=16)[0]
     attention_backward(q, k, v, o, lse, do, strided, mode="merged", block=args.block)
     of, lsef = attention(q, k, v, pats["fixed"], mode="merged", return_lse=True, block=args.block)
     q2, k2, v2 = inputs(n2)
@@ -222,6 +239,11 @@ def main() -> None:
                                                     mode="merged", block=args.block),
         "backward_fixed": lambda: attention_backward(q, k, v, of, lsef, do, pats["fixed"],
                                                      mode="merged", block=args.block),
+        "fixed_offset": lambda: attention(qo, ko, vo, pats["fixed"], mode="merged",
+                                          block=args.block),
+        "backward_fixed_offset": lambda: attention_backward(qo, ko, vo, of, lsef, doo,
+                                                            pats["fixed"], mode="merged",
+                                                            block=args.block),
         "backward_fixed_bf16": lambda: attention_backward(*half, of16, lsef16, do16,
                                                           pats["fixed"], mode="merged",
                                                           block=args.block),
@@ -300,6 +322,11 @@ def main() -> None:
     x = t["backward_fixed"]
     print(f"backward fixed   n={n}: {fig(x.min() * 1e3, x * 1e3, '.0f')} ms = "
           f"{fig(x.min() / t['fixed'].min(), x / t['fixed'], '.2f')}x forward (target <= 2.5x)")
+    x, y = t["backward_fixed_offset"], t["fixed_offset"]
+    print(f"    inputs 16 bytes into a cache line (NumPy's large arrays; above: 64-byte "
+          f"aligned, as torch allocates): forward {fig(y.min() * 1e3, y * 1e3, '.1f')} ms, "
+          f"backward {fig(x.min() * 1e3, x * 1e3, '.0f')} ms = "
+          f"{fig(x.min() / y.min(), x / y, '.2f')}x forward")
     for name, key in (("strided", "backward"), ("fixed  ", "backward_fixed")):
         x, y = t[f"{key}_bf16"], t[key]
         print(f"backward {name} n={n}, bf16 inputs: {fig(x.min() * 1e3, x * 1e3, '.0f')} ms = "
