@@ -45,7 +45,7 @@ SCALE = np.float32(0.125)
 
 
 @numba.njit(fastmath={"contract"})
-def _passes(reps, what, q, roffq, k, koff, v, t0, nt, tile_mask, maskt, bufs, lo, hi):  # pragma: no cover - compiled
+def _passes(reps, what, q, roffq, k, koff, v, t0, nt, tile_mask, maskt, bufs, lo, hi):
     """``reps`` calls of one pass on thread 0's buffers: 0 ``Q^T``, 1 scores, 2
     exponentials, 3 ``P V`` (``nt`` tiles from ``k``, ``v`` at ``koff``)."""
     _wide()
@@ -70,7 +70,7 @@ def _passes(reps, what, q, roffq, k, koff, v, t0, nt, tile_mask, maskt, bufs, lo
 
 @numba.njit(fastmath={"contract"})
 def _block(reps, I, q, k, v, o1, ow, m1, l1, qp, kperm, kstart, kstep, tile_ptr, tile_col,
-           tile_mask, masks, maskt, grows, bufs):  # pragma: no cover - compiled
+           tile_mask, masks, maskt, grows, bufs):
     """``reps`` calls of the whole query block ``I`` (piece 0, first and last)."""
     _wide()
     qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff = _views(bufs, 0)
@@ -145,8 +145,8 @@ def main() -> None:
     o1, m1, l1 = np.empty(n * D, np.float32), np.empty(n, np.float32), np.empty(n, np.float32)
     I = 20
     t0, t1 = int(pl.tile_ptr[p * pl.nb + I]), int(pl.tile_ptr[p * pl.nb + I + 1])
-    bargs = (q, k, v, o1, np.empty(0, np.uint16), m1, l1, pl.qperm[p], kperm, kt, ks, pl.tile_ptr, pl.tile_col,
-             pl.tile_mask, pl.masks, maskt, grows, bufs)
+    bargs = (q, k, v, o1, np.empty(0, np.uint16), m1, l1, pl.qperm[p], kperm, kt, ks,
+             pl.tile_ptr, pl.tile_col, pl.tile_mask, pl.masks, maskt, grows, bufs)
     t_block = clock(lambda r: _block(r, I, *bargs), 20000)
     # the block's own key ranges (lo, hi: the first 16 row offsets _qblock leaves),
     # its Q^T and probabilities, from one more call
