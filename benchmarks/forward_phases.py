@@ -116,28 +116,27 @@ def main() -> None:
           "32-token tiles; microseconds are the best of 5 loops of calls")
     rng = np.random.default_rng(0)
     bufs = _thread_buffers(1, 32, _CHUNK_FUSED, D, np.zeros(1, np.float32))
+    n = 1024  # the strided window's block below: a local window of 128, block 20
+    pl = sps.plan(sps.make("local", n, window=128), mode="merged", block=32)
+    maskt = _masks_t(pl)
 
     # whole tiles in L1
     k = rng.standard_normal(24 * 32 * D).astype(np.float32)
     q = rng.standard_normal(32 * D).astype(np.float32)
     roffq = np.arange(32, dtype=np.int64) * D
     full = np.full(24, -1, np.int32)
-    pl = sps.plan(sps.make("local", 1024, window=128), mode="merged", block=32)
-    maskt = _masks_t(pl)
     cells = []
     for nt in (1, 5, 24):
         lo, hi = np.zeros(8, np.int64), np.full(8, 32 * nt, np.int64)
         args = (q, roffq, k, 0, k, 0, nt, full, maskt, bufs, lo, hi)
-        _passes(1, 0, *args)
-        _passes(1, 1, *args)
-        _passes(1, 2, *args)
+        for w in range(3):  # Q^T, then scores and probabilities for P V to read
+            _passes(1, w, *args)
         rate = [2 * 32 * 32 * D * nt / clock(lambda r, w=w, a=args: _passes(r, w, *a),
                                              200000 // nt) for w in (1, 3)]
         cells.append(f"{nt} tiles {rate[0] / peak:.0%} / {rate[1] / peak:.0%}")
     print("passes on whole tiles in L1, % of the peak (scores / P V): " + ", ".join(cells))
 
     # one block of the strided window, in the cache
-    n = 1024
     grows = _group_rows(maskt)
     steps = fwd._forward_steps(pl, 8)
     p, kt, ks, kperm = steps[0][0], steps[0][6], steps[0][7], steps[0][8]
