@@ -81,13 +81,11 @@ from ._softmax import _exp_rows, _mask_tile_t, _softmax_cols
 __all__ = ["forward", "forward_bf16"]
 
 # q, k, v and output bytes of the heads that the pieces of a softmax group run over before the next
-# heads (see _forward); 0: every head at once. Head by head (16 MB, half a 32 MB last-level cache
-# that this virtual machine shares) measured faster for the strided forward once (2026-11-26
-# 14:19), slower since on the same AMD Zen 5: at n = 16,384 (B=1, H=8, d=64), 4 interleaved process
-# pairs, float32 median 28.3-30.5 against 29.4-31.0 ms, bf16 20.3-21.2 against 22.7-25.0
-# (2026-11-26 20:35); one process, alternated, per head 3.60-3.65 against 3.64-3.81 ms and
-# 2.34-2.43 against 2.50-2.57 (2026-11-27). The head-by-head path stays (the tests run it) for a
-# cache it suits.
+# heads (see _forward); 0: every head at once. Head by head (16 MB) measured faster for the strided
+# forward once (AMD Zen 5, 32 MB last-level cache, 2026-11-26 14:19), slower since: n = 16,384
+# (B=1, H=8, d=64), float32 median 28.3-30.5 against 29.4-31.0 ms, bf16 20.3-21.2 against
+# 22.7-25.0 (4 interleaved process pairs); on the Intel Xeon float32 1.09x the time (2026-11-28,
+# alternated in one process). The path stays (the tests run it) for a cache it suits.
 _CHUNK_BYTES = 0
 
 # software prefetch (prefetcht1, into L2), a hint that changes no result; False: off, for
@@ -101,7 +99,10 @@ _CHUNK_BYTES = 0
 #   of q, k and v, a share before each of its query blocks: bf16 products a further
 #   8.2-8.8% faster (1.058-1.108x), float32 unchanged (0.996x-1.006x; asked for over
 #   only the item's last 1, 2 or 4 blocks instead: also unchanged, and bf16 less).
-# With AMX products (Intel Xeon, ABBA, 6 rounds): strided and fixed the same either way.
+# With AMX products (Intel Xeon, ABBA, 6 rounds): strided and fixed the same either way; its
+# float32 (2026-11-28): window (local 128) 0.92x the time without, strided 0.94x, 128-token
+# documents 0.91x, fixed 0.97x; every other line only, or 8 lines a 4 KiB page: 1.03-1.19x
+# the time of every line (as slow as none, or slower); two blocks ahead: 0.99-1.03x.
 _PREFETCH = True
 
 
