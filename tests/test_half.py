@@ -277,6 +277,23 @@ def test_bf16_products_head_by_head_equal_all_heads_at_once(monkeypatch):
                            b.view(torch.int16) if b.dtype == torch.bfloat16 else b)
 
 
+@pytest.mark.parametrize(("name", "params", "mode", "want"), [
+    ("strided", {"stride": 64}, "merged", [1, 2]),  # residue classes, then the window
+    ("strided", {"stride": 64}, "multihead", [0, 0]),  # one piece per softmax group
+    ("fixed", {"stride": 128, "c": 16}, "merged", [0, 0]),  # a pair: the state in the cache
+    ("dilated", {"window": 64}, "merged", [0]),  # one copied piece, first and last
+])
+def test_bf16_state_goes_as_words_only_between_a_copied_piece_and_the_last(name, params,
+                                                                           mode, want):
+    """The bf16 forward hands a softmax group's partial output on as bf16 words only from
+    a copied piece to its group's last piece, run alone a call later (hand-checked:
+    strided's residue classes, then its window, in ``merged`` mode)."""
+    from sparse_patterns.kernels.cpu._schedule import _forward_steps, _state_words
+
+    pl = plan(sps.make(name, 2048, **params), mode=mode, block=32)
+    assert _state_words(_forward_steps(pl, 8), [int(g) for g in pl.piece_group]) == want
+
+
 @needs_bf16_products
 def test_bf16_products_prefetch_changes_nothing(monkeypatch):
     """With bf16 products the blocks used in place prefetch the next block's rows (the

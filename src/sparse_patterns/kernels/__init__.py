@@ -206,7 +206,10 @@ def attention(
         float64 exact to rounding; float32 within ~1e-6 relative; bfloat16 and
         float16 within half an ulp of their dtype (2**-8, 2**-11 relative) plus 1e-5
         of the largest output, and on bf16 products also within 2**-8 of
-        ``sum_j P_ij |v_j|`` (the rounding of ``P``; ``tests/test_half.py``). Torch
+        ``sum_j P_ij |v_j|`` (the rounding of ``P``) and, where the pieces of a
+        ``merged`` pattern hand a partial output on through memory (strided's
+        residue classes to its window), 2**-8 of that part's ``sum_j P_ij |v_j|``
+        (rounded to bf16 once; ``tests/test_half.py``). Torch
         tensors must be on the CPU for ``"numba"`` and ``"reference"``; gradients are
         not tracked (use :class:`sparse_patterns.torch.SparseAttention`).
     pattern : Pattern or ExecutionPlan

@@ -42,7 +42,7 @@ from numba.np.linalg import ensure_blas
 
 from ._bf16 import _check_products
 from ._blas import _N, _T, _gemm, _threads_for, single_threaded_blas
-from ._convert import _narrow16
+from ._convert import _narrow16, _widen16
 from ._llvm import (
     _BLOCK,
     _FM,
@@ -75,6 +75,7 @@ from ._schedule import (
     _group_rows,
     _masks_t,
     _share,
+    _state_words,
 )
 from ._softmax import _exp_rows, _mask_tile_t, _softmax_cols
 
@@ -110,7 +111,7 @@ _PREFETCH = True
 def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf, p, I, scale,
             first, last, qmap, kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks,
             maskt, grows, fused, pf, block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow,
-            lrow, cmax, msub, csum, alpha, roff):  # pragma: no cover - compiled
+            lrow, cmax, msub, csum, alpha, roff, swin, os):  # pragma: no cover - compiled
     """Query block ``I`` of piece ``p`` for one (batch, head): continues the online
     softmax of its queries over chunks of tiles. Position ``x`` of the piece's order
     is row ``qbase + qrows[x]`` of ``q1``, row ``base + qmap[x]`` of the state, and its key
@@ -124,7 +125,9 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
     value rows in registers). Every chunk of a bf16 block is whole 32-token tiles (see
     :func:`._bf16.bf16_applies`). ``pf``: a block used in place asks for the
     next block's rows (:data:`_PREFETCH`). ``ow`` not empty (with ``last``): the output
-    rows go there as bf16 words, row ``i`` at ``ow[i*d]``, and not to ``o1``."""
+    rows go there as bf16 words, row ``i`` at ``ow[i*d]``, and not to ``o1``. ``swin``:
+    the state's output rows come as bf16 words from ``os`` (row ``i`` at ``os[i*d]``),
+    not from ``o1`` (see :func:`_forward_piece`)."""
     _wide()
     nb = (n + block - 1) // block
     ninf = -np.inf
@@ -157,6 +160,8 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
         ob, ooff = obuf, 0
         if first:
             _zero(obuf, 0, rows * d)
+        elif swin:
+            _widen16(os[oo:], obuf, 0, rows * d, True)
         else:
             _copy(obuf, 0, o1, oo, rows * d)
         # the words' lines, written at the end (without: their misses made the words
@@ -166,6 +171,8 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
         ob, ooff = o1, oo
         if first:
             _zero(o1, ooff, rows * d)
+        elif swin:  # the state's bf16 rows widened into the rows of o1
+            _widen16(os[oo:], o1[oo:], 0, rows * d, True)
     else:
         ob, ooff = obuf, 0
     for r in range(rows):
@@ -178,7 +185,9 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
         else:
             mrow[r] = m1[i]
             lrow[r] = l1[i]
-            if not inplace:
+            if not inplace and swin:
+                _widen16(os[i * d:], obuf[r * d:], 0, d, True)
+            elif not inplace:
                 _copy(obuf, r * d, o1, i * d, d)
     if t0 < t1:  # Q^T (d x rows): the score product is then a fast NN gemm
         if rows % 16 == 0 and d % 16 == 0:
@@ -251,7 +260,10 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
                 off += cols
             _softmax_cols(st, nk, rows, mrow, cmax, msub, csum, precise)
         if nq >= 0 and c0 == t0:  # the next block's state
-            _prefetch(o1, nq * d, nrows * d)
+            if swin:
+                _prefetch(os, nq * d, nrows * d)
+            else:
+                _prefetch(o1, nq * d, nrows * d)
             _prefetch(m1, nq, nrows)
             _prefetch(l1, nq, nrows)
         for r in range(rows):  # alpha = exp(old max - new max); 1 where nothing changes
@@ -357,7 +369,8 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
 def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G, g, p, first,
                    last, qperm, kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col,
-                   tile_mask, masks, maskt, grows, fused, pf, block, chunk, seg, precise, nt, T):  # pragma: no cover - compiled
+                   tile_mask, masks, maskt, grows, fused, pf, block, chunk, seg, precise, nt, T,
+                   sw, os):  # pragma: no cover - compiled
     """Piece ``p`` (softmax group ``g``) of every (batch, head) ``bh0 <= bh < bh1`` whose
     group is ``g``.
 
@@ -369,7 +382,10 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
     :func:`_copy_orders`) lists, per work item, the positions to copy in the order that
     moves rows fastest. ``dw, bf`` and ``ow`` (the output's bf16 words, written where the
     piece is ``last``): as in :func:`_qblock`.
-    ``nt``: a work item stores its state back with non-temporal stores."""
+    ``nt``: a work item stores its state back with non-temporal stores. ``sw`` (bf16
+    inputs, a piece whose state the next one reads from memory; see :func:`_forward`): 1,
+    a work item stores its state's output rows as bf16 words to ``os`` instead of
+    ``o1``; 2, the blocks read them from there."""
     _wide()
     n = m1.shape[0] // BH
     nb = (n + block - 1) // block
@@ -390,6 +406,10 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
     # way), where each row is whole cache lines, stored without reading them first (the
     # strided forward at n = 16,384 2.3% faster, A/B)
     whole_lines = nt and (d * o1.itemsize) % 64 == 0 and o1.ctypes.data % 64 == 0
+    dpad = (d + 31) // 32 * 32
+    wsw = _aligned(T * dpad if sw == 1 else 0, os)  # each thread's scratch row of words
+    if sw == 1:
+        whole_lines = nt and (d * os.itemsize) % 64 == 0 and os.ctypes.data % 64 == 0
     for w in prange((bh1 - bh0) * nseg):
         bh = bh0 + w // nseg
         if (bh % H) % G != g:
@@ -441,12 +461,19 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
                 _qblock(q1, base, qp, kl, vl, ol, ow[:0], ml, ll, -y0, -x0, n, d, dw, bf, p, I,
                         scale, first, last, local, local, lstart, lstep, tile_ptr, tile_col,
                         tile_mask, masks, maskt, grows, fused, False, block, chunk, precise,
-                        qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff)
+                        qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff,
+                        False, os)
             for t in range(qptr[it], qptr[it + 1]):
                 y = qorder[t]
                 i = base + qp[y]
                 if last and ow.size > 0:
                     _narrow16(ol[(y - y0) * d:], ow[i * d:], 0, d, True)
+                elif sw == 1 and whole_lines:  # rounded in a scratch row, stored whole
+                    tw = wsw[tid * dpad: tid * dpad + d]
+                    _narrow16(ol[(y - y0) * d:], tw, 0, d, True)
+                    _copy_nt(os, i * d, tw, 0, d)
+                elif sw == 1:
+                    _narrow16(ol[(y - y0) * d:], os[i * d:], 0, d, True)
                 elif whole_lines:
                     _copy_nt(o1, i * d, ol, (y - y0) * d, d)
                 else:
@@ -458,7 +485,8 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
                 _qblock(q1, base, qperm[p], k1, v1, o1, ow, m1, l1, base, base, n, d, dw, bf, p, I,
                         scale, first, last, qperm[p], kperm_used, kstart, kstep, tile_ptr,
                         tile_col, tile_mask, masks, maskt, grows, fused, pf, block, chunk, precise,
-                        qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff)
+                        qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff,
+                        sw == 2, os)
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
@@ -487,10 +515,10 @@ def _forward_pair(q1, ka, va, kb, vb, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf
         for I in range((w % nseg) * seg, min(nb, (w % nseg + 1) * seg)):
             _qblock(q1, base, qperm[pa], ka, va, o1, ow, m1, l1, base, base, n, d, dw, bf, pa, I,
                     scale, first, False, qperm[pa], kpa, kta, ksa, tile_ptr, tile_col, tile_mask,
-                    masks, maskt, grows, fused, pf, block, chunk, precise, *own)
+                    masks, maskt, grows, fused, pf, block, chunk, precise, *own, False, ow[:0])
             _qblock(q1, base, qperm[pb], kb, vb, o1, ow, m1, l1, base, base, n, d, dw, bf, pb, I,
                     scale, False, last, qperm[pb], kpb, ktb, ksb, tile_ptr, tile_col, tile_mask,
-                    masks, maskt, grows, fused, pf, block, chunk, precise, *own)
+                    masks, maskt, grows, fused, pf, block, chunk, precise, *own, False, ow[:0])
 
 
 def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=False,
@@ -500,7 +528,16 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
     online softmax per token, in the order of :func:`_forward_steps`; between them the
     unnormalized output lives in ``o1``'s rows, which the last piece normalizes.
     ``bf``: ``q1, k1, v1`` are bf16, as float32 words of two (see :func:`_qblock`);
-    ``ow`` (with ``bf``): the output's bf16 words, ``o1`` then only holding the state."""
+    ``ow`` (with ``bf``): the output's bf16 words, ``o1`` then only holding the state.
+    With ``bf``, a copied piece whose state the group's last piece reads next, a whole call
+    later (strided's residue classes, then its window; :func:`._schedule._state_words`),
+    hands over its rows of the unnormalized output as bf16 words, in ``ow`` itself where
+    the output is words: half the bytes through memory, for one more rounding to bf16 of
+    that partial sum. The strided bf16 forward at n = 16,384 (B=1, H=8, d=64, AMX, Intel
+    Xeon) 1.066x faster (1.051-1.104x, ABBA in one process, 10 rounds): its window piece
+    1.4 ms faster, the residue piece the same, its rows stored whole from a scratch row
+    (rounded straight into their lines, which are then read first, it was 1.4-2.1 ms
+    slower)."""
     ensure_blas()
     ow = np.empty(0, np.uint16) if ow is None else ow
     n, G, block = plan.n, plan.num_groups, plan.block
@@ -529,10 +566,13 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
         hc = _CHUNK_BYTES // (4 * n * d * o1.itemsize)
         hc = BH if hc < 1 else min(BH, hc)  # a head larger than the cache: all at once
     T = numba.get_num_threads()
+    sw = _state_words(steps, groups) if bf else [0] * len(steps)
+    os = (ow if ow.size else _buffer((o1.size,), np.uint16)) if 1 in sw else ow[:0]
     for bh0 in range(0, BH, hc):
         bh1 = min(BH, bh0 + hc)
         pending = None  # a piece held back to run together with the next one (_forward_pair)
-        for (p, first, last, span, items, reorder, kt, ks, kperm_used, copies, pair) in steps:
+        for x, (p, first, last, span, items, reorder, kt, ks, kperm_used, copies,
+                pair) in enumerate(steps):
             kq, vq = k1, v1
             if reorder is not None:  # the used key blocks put in the piece's order (hc = BH)
                 if kp1 is None:  # one buffer pair reused by the pieces
@@ -563,7 +603,7 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
                            groups[p], p, first, last, plan.qperm, kperm_used, kt, ks, span,
                            copies, plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks,
                            maskt, grows, fused, _PREFETCH, block, chunk, items, precise, hc == BH,
-                           T)
+                           T, sw[x], os)
 
 
 def forward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,
@@ -576,7 +616,9 @@ def forward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: fl
     (:mod:`._amx`; on an Intel Xeon with AMX the strided and fixed forwards 1.8x and 2.5x
     the float32 ones, ``vdpbf16ps`` 0.7x): pairs of bf16 products summed in float32, the
     probabilities rounded to bf16 before ``P V`` (as FlashAttention does); the softmax
-    statistics, the accumulation and the outputs are float32, or with ``words`` the
+    statistics, the accumulation and the outputs are float32 (except the partial output
+    that a softmax group's pieces hand on through memory, strided's from its residue
+    classes to its window: rounded to bf16 once, see :func:`_forward`), or with ``words`` the
     output rounded to bf16 as each block finishes: the last piece keeps a block's rows in
     its thread's scratch rows and rounds them from there, and never writes the float32
     rows (strided l = 128, n = 16,384, B = 1, H = 8 on an AMD Zen 5: 16.6-17.4 ms against

@@ -19,7 +19,7 @@ __all__ = [
     "_CHUNK", "_CHUNK_FUSED", "_LOCAL_ROWS", "_COPY_RUN", "_ITEM_BLOCKS", "_NO_MASKS", "_NO_ROWS",
     "_block_steps", "_residues", "_item_span", "_copy_order", "_copy_orders",
     "_forward_steps", "_masks_t", "_group_rows", "_backward_items", "_finished_blocks",
-    "_share",
+    "_share", "_state_words",
 ]
 
 _CHUNK = 8  # tiles gathered per step (keys per score matrix: _CHUNK * block)
@@ -205,6 +205,24 @@ def _forward_steps(plan, seg: int) -> list[tuple]:
 
 
 _NO_MASKS = np.zeros(0, np.uint32)
+
+
+def _state_words(steps: list, groups: list[int]) -> list[int]:
+    """Where the bf16 forward hands a softmax group's state over as bf16 words: per step of
+    :func:`_forward_steps`, 1 for a copied piece (``span > 0``) that does not end its
+    group and is followed, in its group, by the last piece, which runs alone and in place
+    (``span == 0``, no pair); 2 for that last piece; else 0. Between those two pieces the
+    state's output rows go through memory, a whole call apart (see
+    :func:`._forward._forward_piece`); a pair passes its state in the cache, and other
+    orders keep float32."""
+    sw = [0] * len(steps)
+    for x, a in enumerate(steps):
+        y = next((y for y in range(x + 1, len(steps)) if groups[steps[y][0]] == groups[a[0]]),
+                 None)
+        if (y is not None and a[3] > 0 and not a[2] and steps[y][2] and steps[y][3] == 0
+                and not steps[y][10] and not steps[y - 1][10]):
+            sw[x], sw[y] = 1, 2
+    return sw
 
 
 def _masks_t(plan) -> np.ndarray:
