@@ -79,7 +79,8 @@ def _block(reps, I, q, k, v, o1, ow, m1, l1, qp, kperm, kstart, kstep, tile_ptr,
         fwd._qblock(q, 0, qp, k, v, o1, ow, m1, l1, 0, 0, n, D, D, 0, 0,
                     I, SCALE, True, True, qp, kperm, kstart, kstep, tile_ptr, tile_col,
                     tile_mask, masks, maskt, grows, True, False, 32, _CHUNK_FUSED, False,
-                    qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff)
+                    qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff,
+                    False, ow)
 
 
 def computed(tmask: np.ndarray, maskt: np.ndarray, lo: np.ndarray,

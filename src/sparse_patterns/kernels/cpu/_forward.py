@@ -111,7 +111,7 @@ _PREFETCH = True
 def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf, p, I, scale,
             first, last, qmap, kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks,
             maskt, grows, fused, pf, block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow,
-            lrow, cmax, msub, csum, alpha, roff, swin, os):  # pragma: no cover - compiled
+            lrow, cmax, msub, csum, alpha, roff, swin, sws):  # pragma: no cover - compiled
     """Query block ``I`` of piece ``p`` for one (batch, head): continues the online
     softmax of its queries over chunks of tiles. Position ``x`` of the piece's order
     is row ``qbase + qrows[x]`` of ``q1``, row ``base + qmap[x]`` of the state, and its key
@@ -126,7 +126,7 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
     :func:`._bf16.bf16_applies`). ``pf``: a block used in place asks for the
     next block's rows (:data:`_PREFETCH`). ``ow`` not empty (with ``last``): the output
     rows go there as bf16 words, row ``i`` at ``ow[i*d]``, and not to ``o1``. ``swin``:
-    the state's output rows come as bf16 words from ``os`` (row ``i`` at ``os[i*d]``),
+    the state's output rows come as bf16 words from ``sws`` (row ``i`` at ``sws[i*d]``),
     not from ``o1`` (see :func:`_forward_piece`)."""
     _wide()
     nb = (n + block - 1) // block
@@ -161,7 +161,7 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
         if first:
             _zero(obuf, 0, rows * d)
         elif swin:
-            _widen16(os[oo:], obuf, 0, rows * d, True)
+            _widen16(sws[oo:], obuf, 0, rows * d, True)
         else:
             _copy(obuf, 0, o1, oo, rows * d)
         # the words' lines, written at the end (without: their misses made the words
@@ -172,7 +172,7 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
         if first:
             _zero(o1, ooff, rows * d)
         elif swin:  # the state's bf16 rows widened into the rows of o1
-            _widen16(os[oo:], o1[oo:], 0, rows * d, True)
+            _widen16(sws[oo:], o1[oo:], 0, rows * d, True)
     else:
         ob, ooff = obuf, 0
     for r in range(rows):
@@ -186,7 +186,7 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
             mrow[r] = m1[i]
             lrow[r] = l1[i]
             if not inplace and swin:
-                _widen16(os[i * d:], obuf[r * d:], 0, d, True)
+                _widen16(sws[i * d:], obuf[r * d:], 0, d, True)
             elif not inplace:
                 _copy(obuf, r * d, o1, i * d, d)
     if t0 < t1:  # Q^T (d x rows): the score product is then a fast NN gemm
@@ -261,7 +261,7 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
             _softmax_cols(st, nk, rows, mrow, cmax, msub, csum, precise)
         if nq >= 0 and c0 == t0:  # the next block's state
             if swin:
-                _prefetch(os, nq * d, nrows * d)
+                _prefetch(sws, nq * d, nrows * d)
             else:
                 _prefetch(o1, nq * d, nrows * d)
             _prefetch(m1, nq, nrows)
@@ -370,7 +370,7 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
 def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G, g, p, first,
                    last, qperm, kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col,
                    tile_mask, masks, maskt, grows, fused, pf, block, chunk, seg, precise, nt, T,
-                   sw, os):  # pragma: no cover - compiled
+                   sw, sws):  # pragma: no cover - compiled
     """Piece ``p`` (softmax group ``g``) of every (batch, head) ``bh0 <= bh < bh1`` whose
     group is ``g``.
 
@@ -384,7 +384,7 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
     piece is ``last``): as in :func:`_qblock`.
     ``nt``: a work item stores its state back with non-temporal stores. ``sw`` (bf16
     inputs, a piece whose state the next one reads from memory; see :func:`_forward`): 1,
-    a work item stores its state's output rows as bf16 words to ``os`` instead of
+    a work item stores its state's output rows as bf16 words to ``sws`` instead of
     ``o1``; 2, the blocks read them from there."""
     _wide()
     n = m1.shape[0] // BH
@@ -407,9 +407,9 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
     # strided forward at n = 16,384 2.3% faster, A/B)
     whole_lines = nt and (d * o1.itemsize) % 64 == 0 and o1.ctypes.data % 64 == 0
     dpad = (d + 31) // 32 * 32
-    wsw = _aligned(T * dpad if sw == 1 else 0, os)  # each thread's scratch row of words
+    wsw = _aligned(T * dpad if sw == 1 else 0, sws)  # each thread's scratch row of words
     if sw == 1:
-        whole_lines = nt and (d * os.itemsize) % 64 == 0 and os.ctypes.data % 64 == 0
+        whole_lines = nt and (d * sws.itemsize) % 64 == 0 and sws.ctypes.data % 64 == 0
     for w in prange((bh1 - bh0) * nseg):
         bh = bh0 + w // nseg
         if (bh % H) % G != g:
@@ -462,7 +462,7 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
                         scale, first, last, local, local, lstart, lstep, tile_ptr, tile_col,
                         tile_mask, masks, maskt, grows, fused, False, block, chunk, precise,
                         qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff,
-                        False, os)
+                        False, sws)
             for t in range(qptr[it], qptr[it + 1]):
                 y = qorder[t]
                 i = base + qp[y]
@@ -471,9 +471,9 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
                 elif sw == 1 and whole_lines:  # rounded in a scratch row, stored whole
                     tw = wsw[tid * dpad: tid * dpad + d]
                     _narrow16(ol[(y - y0) * d:], tw, 0, d, True)
-                    _copy_nt(os, i * d, tw, 0, d)
+                    _copy_nt(sws, i * d, tw, 0, d)
                 elif sw == 1:
-                    _narrow16(ol[(y - y0) * d:], os[i * d:], 0, d, True)
+                    _narrow16(ol[(y - y0) * d:], sws[i * d:], 0, d, True)
                 elif whole_lines:
                     _copy_nt(o1, i * d, ol, (y - y0) * d, d)
                 else:
@@ -486,7 +486,7 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
                         scale, first, last, qperm[p], kperm_used, kstart, kstep, tile_ptr,
                         tile_col, tile_mask, masks, maskt, grows, fused, pf, block, chunk, precise,
                         qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff,
-                        sw == 2, os)
+                        sw == 2, sws)
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
@@ -567,7 +567,7 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
         hc = BH if hc < 1 else min(BH, hc)  # a head larger than the cache: all at once
     T = numba.get_num_threads()
     sw = _state_words(steps, groups) if bf else [0] * len(steps)
-    os = (ow if ow.size else _buffer((o1.size,), np.uint16)) if 1 in sw else ow[:0]
+    sws = (ow if ow.size else _buffer((o1.size,), np.uint16)) if 1 in sw else ow[:0]
     for bh0 in range(0, BH, hc):
         bh1 = min(BH, bh0 + hc)
         pending = None  # a piece held back to run together with the next one (_forward_pair)
@@ -603,7 +603,7 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
                            groups[p], p, first, last, plan.qperm, kperm_used, kt, ks, span,
                            copies, plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks,
                            maskt, grows, fused, _PREFETCH, block, chunk, items, precise, hc == BH,
-                           T, sw[x], os)
+                           T, sw[x], sws)
 
 
 def forward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,
