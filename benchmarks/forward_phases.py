@@ -13,7 +13,7 @@ One thread, d = 64, 32-token tiles, the default plan (``mode="merged"``). Prints
 * one query block of the strided window (l = 128: 5 key tiles, the first and last half
   masked), its rows in the cache: each pass alone (``Q^T``, scores, exponentials,
   ``P V``) on the block's own tiles, masks and key ranges, then the whole block
-  (:func:`sparse_patterns.kernels.cpu._forward._qblock`, one piece that starts and
+  (:func:`sparse_patterns.kernels.cpu._forward_block._qblock`, one piece that starts and
   ends the softmax), whose excess over the passes is its bookkeeping;
 * the forward at n = 16,384, H = 8 (rows from memory), in microseconds per 32 queries
   and as useful GFLOP/s: the window alone (``local``, l = 128), strided, fixed, and
@@ -33,6 +33,7 @@ import numpy as np
 import sparse_patterns as sps
 from sparse_patterns.kernels.cpu import _forward as fwd
 from sparse_patterns.kernels.cpu import fma_peak, forward
+from sparse_patterns.kernels.cpu._forward_block import _qblock
 from sparse_patterns.kernels.cpu._llvm import _transpose16, _wide
 from sparse_patterns.kernels.cpu._llvm_fwd import _exp32, _pv32_dense, _scores32
 from sparse_patterns.kernels.cpu._pool import _thread_buffers, _views
@@ -76,7 +77,7 @@ def _block(reps, I, q, k, v, o1, ow, m1, l1, qp, kperm, kstart, kstep, tile_ptr,
     qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff = _views(bufs, 0)
     n = m1.shape[0]
     for _ in range(reps):
-        fwd._qblock(q, 0, qp, k, v, o1, ow, m1, l1, 0, 0, n, D, D, 0, 0,
+        _qblock(q, 0, qp, k, v, o1, ow, m1, l1, 0, 0, n, D, D, 0, 0,
                     I, SCALE, True, True, qp, kperm, kstart, kstep, tile_ptr, tile_col,
                     tile_mask, masks, maskt, grows, True, False, 32, _CHUNK_FUSED, False,
                     qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff,

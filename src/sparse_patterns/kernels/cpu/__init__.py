@@ -10,7 +10,8 @@ The implementation modules are private; each one's docstring holds the performan
 notes about its code (each measured, A/B in one process, on a CPU without SVML):
 
 - ``_forward``: the forward, one online softmax per token across the pieces of its
-  softmax group (``_qblock``: one query block; ``_forward_piece``: the work items);
+  softmax group (``_forward_piece``: the work items; ``_forward_pair``: two pieces
+  block by block); ``_forward_block``: one query block (``_qblock``);
 - ``_softmax``: the forward's online-softmax loops on score tiles of any size (its
   general path: float64, tiles other than 32 tokens);
 - ``_backward``: the backward, recomputed from the saved log-sum-exp

@@ -38,7 +38,7 @@ def _aligned(size, like):  # pragma: no cover - compiled
 
 @numba.njit(cache=True)
 def _thread_buffers(T, block, chunk, d, like):  # pragma: no cover - compiled
-    """The buffers of :func:`._forward._qblock` for each of ``T`` threads, allocated once per
+    """The buffers of :func:`._forward_block._qblock` for each of ``T`` threads, allocated once per
     call (not per work item), on cache lines: queries and output rows, keys and values
     of a chunk, its scores, six row vectors and the row offsets, followed by the slots of
     a chunk's tiles and the ``chunk`` tags of a ring of them (:func:`_ring_slots`, empty)."""
@@ -93,7 +93,7 @@ def _ring_slots(ring, slots, at, offs, ntile, words):  # pragma: no cover - comp
 
 @numba.njit(cache=True, inline="always")
 def _views(bufs, tid):  # pragma: no cover - compiled
-    """Thread ``tid``'s buffers from :func:`_thread_buffers`, in :func:`._forward._qblock`'s
+    """Thread ``tid``'s buffers from :func:`_thread_buffers`, in :func:`._forward_block._qblock`'s
     argument order: ``qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha,
     roff``."""
     wq, wkv, ws, wr, wi = bufs
