@@ -33,7 +33,18 @@ from ._llvm_fwd import (
 from ._pool import _ring_slots
 from ._softmax import _exp_rows, _mask_tile_t, _softmax_cols
 
-__all__ = ["_qblock"]
+__all__ = ["_qblock", "_no_keys"]
+
+
+@numba.njit(cache=True, inline="always")
+def _no_keys(o1, ow, m1, i, d):  # pragma: no cover - compiled
+    """Row ``i`` saw no key: its output is 0 (in ``ow``'s words where there are any) and
+    its log-sum-exp ``-inf``."""
+    if ow.size > 0:
+        _zero(ow, i * d, d)
+    else:
+        _zero(o1, i * d, d)
+    m1[i] = -np.inf
 
 
 @numba.njit(**_BLOCK)
@@ -261,11 +272,7 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
                 m1[i] = mrow[r]
                 l1[i] = lrow[r]
             elif lrow[r] == 0.0:  # no key in this row (NaN scores leave l NaN, not 0)
-                if ow.size > 0:
-                    _zero(ow, i * d, d)
-                else:
-                    _zero(o1, i * d, d)
-                m1[i] = ninf
+                _no_keys(o1, ow, m1, i, d)
             else:
                 m1[i] = mrow[r] / unit + math.log(lrow[r])
         return
@@ -274,11 +281,7 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
         if last:
             li = lrow[r]
             if li == 0.0:  # no key in this row (NaN scores leave l NaN, not 0)
-                if ow.size > 0:
-                    _zero(ow, i * d, d)
-                else:
-                    _zero(o1, i * d, d)
-                m1[i] = ninf
+                _no_keys(o1, ow, m1, i, d)
             else:
                 inv = 1.0 / li
                 # views: a loop over two offsets into flat arrays is not vectorized, ~10x slower
