@@ -199,13 +199,16 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
                     _mask_tile_t(st, off, cols, rows, masks, tile_mask[t])
                 off += cols
             _softmax_cols(st, nk, rows, mrow, cmax, msub, csum, precise)
-        if nq >= 0 and c0 == t0:  # the next block's state
+        if nq >= 0 and c0 == t0:  # the next block's state, the rows it reads or writes
+            # (a group's first piece writing words reads no o1 row and writes none; one that
+            # is first and last, no l1 entry: bf16 documents of 128, 1.04x faster)
             if swin:
                 _prefetch(sws, nq * d, nrows * d)
-            else:
+            elif not (first and words):
                 _prefetch(o1, nq * d, nrows * d)
             _prefetch(m1, nq, nrows)
-            _prefetch(l1, nq, nrows)
+            if not (first and last):
+                _prefetch(l1, nq, nrows)
         for r in range(rows):  # alpha = exp(old max - new max); 1 where nothing changes
             alpha[r] = mrow[r] - cmax[r] if cmax[r] != ninf else 0.0
         _exp_rows(alpha, rows, precise)

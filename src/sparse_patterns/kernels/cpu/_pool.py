@@ -41,10 +41,13 @@ def _thread_buffers(T, block, chunk, d, like):  # pragma: no cover - compiled
     """The buffers of :func:`._forward_block._qblock` for each of ``T`` threads, allocated once per
     call (not per work item), on cache lines: queries and output rows, keys and values
     of a chunk, its scores, six row vectors and the row offsets, followed by the slots of
-    a chunk's tiles and the ``chunk`` tags of a ring of them (:func:`_ring_slots`, empty)."""
+    a chunk's tiles and the ``chunk`` tags of a ring of them (:func:`_ring_slots`, empty).
+    The scores hold at least ``block`` rows of ``d`` (:func:`._llvm_fwd._pv32_amx` stores
+    ``P V`` there)."""
     wq = _aligned(T * 2 * block * d, like).reshape((T, 2, block * d))
     wkv = _aligned(T * 2 * chunk * block * d, like).reshape((T, 2, chunk * block * d))
-    ws = _aligned(T * block * chunk * block, like).reshape((T, block * chunk * block))
+    ns = block * max(chunk * block, d)
+    ws = _aligned(T * ns, like).reshape((T, ns))
     wr = _aligned(T * 6 * block, like).reshape((T, 6, block))
     wi = np.empty((T, block + 2 * chunk), np.int64)
     wi[:, block + chunk:] = -1
