@@ -190,13 +190,12 @@ def _amx_dscores(builder, qp, dop, rp, ktp, vtp, r0, dw, pp, sp) -> None:
     """IR: ``S`` and ``dP`` of rows ``r0 .. r0 + 31`` (a tile: rows at word offsets
     ``rp[r]`` of ``qp``, ``dop``, ``dw`` words apart) against the 32 keys by AMX
     (:func:`._amx._amx_tile32`, ``K^T`` and ``V^T`` by words in ``ktp``, ``vtp``), stored
-    as float32 rows of 32 at ``pp`` and ``sp`` (row ``r`` at ``32 r``)."""
-    _tiles_begin(builder)
+    as float32 rows of 32 at ``pp`` and ``sp`` (row ``r`` at ``32 r``); the tiles configured
+    by the caller."""
     for xp, tp, outp in ((qp, ktp, pp), (dop, vtp, sp)):
         _amx_tile32(builder,
                     lambda h: builder.load(builder.gep(rp, [builder.add(r0, _I64(16 * h))])),
                     xp, tp, dw, builder.gep(outp, [builder.mul(r0, _I64(32))]))
-    _tiles_end(builder)
 
 
 def _dscores_codegen(bf16: bool, amx: bool = False):
@@ -225,6 +224,8 @@ def _dscores_codegen(bf16: bool, amx: bool = False):
         dsv = scalar(ds_, signature.args[11])
         acc = [[[cgutils.alloca_once(builder, _VT) for h in range(2)] for u in range(G)]
                for w in range(2)]  # [S, dP][row][half]
+        if amx:  # configured once for the chunk's passes (_dq32_amx releases them)
+            _tiles_begin(builder)
         with cgutils.for_range(builder, builder.sdiv(m_, _I64(G))) as gl:
             r0 = builder.mul(gl.index, _I64(G))
             rows = [builder.add(r0, _I64(u)) for u in range(G)]
@@ -339,7 +340,12 @@ def _dscores32_amx(typingctx, q, do, roff, kt, vt, m, dw, alpha, lc, dl, bits, d
     ``tdpbf16ps`` of 16 rows of ``Q`` or ``dO`` (where they lie: a tile's rows ``dw``
     words apart) by 16 words of ``K^T`` or ``V^T``, stored as float32 rows in ``pbuf`` and
     ``sbuf`` first; then the exponentials, ``dS`` and their bf16 rows as there, over
-    them."""
+    them. It configures the tiles once for a chunk's AMX passes, this one's tiles and the
+    :func:`_dkv32_amx` and :func:`_dq32_amx` that must follow it (the last releases
+    them): against each pass, and each tile of this one, loading the configuration and
+    releasing the tiles, the bf16 backward at n = 16,384 strided 1.051x faster
+    (1.041-1.080), fixed 1.064x (ABBA in one process, 8 rounds; Intel Xeon), outputs bit
+    for bit."""
     return (types.none(q, do, roff, kt, vt, m, dw, alpha, lc, dl, bits, dscale, pbuf, sbuf,
                        skeys), _dscores_codegen(True, amx=True))
 
@@ -357,7 +363,8 @@ def _dkv32_amx(typingctx, mat, src, roff, acc, nt, d, scratch, ring,
     (``mat`` is 0 where masked). Against pairing every tile in every call (the window's
     query tiles serve 5 key blocks in a row): the bf16 backward at n = 16,384 strided
     9.4% faster (ABBA in one process, median of 8 rounds, 1.066-1.112; Intel Xeon), fixed
-    0.989 (0.957-1.004), outputs bit for bit."""
+    0.989 (0.957-1.004), outputs bit for bit. The tiles as :func:`_dscores32_amx` left them
+    (configured), not released."""
     def codegen(context, builder, signature, args):
         if not _f32(context, signature, 0) or not _AMX:
             return context.get_dummy_value()
@@ -367,7 +374,7 @@ def _dkv32_amx(typingctx, mat, src, roff, acc, nt, d, scratch, ring,
         _amx_pairs_product(
             builder, nt_, mp, srcp,
             lambda t, j: builder.load(builder.gep(rp, [builder.add(builder.mul(t, _I64(32)), j)])),
-            d_, wp, vp, ap, sl)
+            d_, wp, vp, ap, sl, configured=True, release=False)
         return context.get_dummy_value()
     return types.none(mat, src, roff, acc, nt, d, scratch, ring, slots), codegen
 
@@ -379,14 +386,14 @@ def _dq32_amx(typingctx, mat, kv, dst, roff, nt, d):  # pragma: no cover - compi
     (pair ``p``'s ``d`` words at ``p d``), row ``r`` of ``dst`` (float32) at ``roff[r]``
     (a tile's rows ``d`` apart). Tiles 0-3 accumulate in ``dQ``'s rows (2 halves of a
     tile x 2 groups of 16 columns), 4-5 hold ``dS`` (16 rows x 32 keys), 6-7 the key
-    pairs of the columns (loaded once per 32 columns)."""
+    pairs of the columns (loaded once per 32 columns). The tiles as
+    :func:`_dscores32_amx` left them (configured); released at the end."""
     def codegen(context, builder, signature, args):
         if not _f32(context, signature, 0) or not _AMX:
             return context.get_dummy_value()
         mp, kp, dp, rp = (_data(context, builder, signature, args, i) for i in range(4))
         nt_, d_ = (_int(context, builder, signature, args, i) for i in (4, 5))
         row_bytes = builder.mul(d_, _I64(4))
-        _tiles_begin(builder)
         with cgutils.for_range(builder, builder.sdiv(d_, _I64(32))) as cl:
             c0 = builder.mul(cl.index, _I64(32))
             for h in range(2):
