@@ -218,10 +218,11 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
                 mrow[r] = cmax[r]
         if whole and d % 16 == 0:
             # each group of 4 queries sees key rows lo .. hi of the chunk (from the
-            # masks of its first and last tile that hold any of its queries)
+            # masks of its first and last tile that hold any of its queries; AMX
+            # multiplies whole tiles)
             full = grows.size // 16 - 1
             lo, hi = roff[:8], roff[8:16]
-            for g in range(8):
+            for g in range(8 if bf != 2 else 0):
                 lo[g] = 0
                 hi[g] = 0
                 for t in range(c0, c1):
