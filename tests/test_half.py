@@ -162,6 +162,34 @@ def test_forward_and_gradients_within_the_stated_bounds(dtype, path, mode, name,
         assert ((got.double() - want).abs() <= bound).all()
 
 
+@needs_amx
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("chunk", [1, 2])
+def test_amx_forward_on_chunks_of_fewer_scores_than_its_output_rows(d, chunk):
+    """AMX's ``P V`` stores its ``32 x d`` float32 sums over the chunk's scores (``32 x 32``
+    a tile): with chunks of 1 or 2 tiles and ``d`` 64 or 128 they need more room than the
+    scores take, which the per-thread buffers give them. The output against float64 on the
+    same values within the bound of :func:`test_bf16_products_against_the_oracle`, and
+    the same words as ``chunk`` 24 up to that rounding."""
+    from sparse_patterns.kernels.cpu import forward_bf16
+
+    n = 512
+    pat = sps.make("strided", n, stride=32)
+    pl = plan(pat, mode="merged", block=32)
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 2, n, d, generator=g).to(torch.bfloat16) for _ in range(3))
+    w = [t.view(torch.int16).numpy() for t in (q, k, v)]
+    out, lse = forward_bf16(*w, pl, scale=0.125, chunk=chunk, amx=True)
+    whole, _ = forward_bf16(*w, pl, scale=0.125, amx=True)
+    ref, ref_lse = attention(*(t.double() for t in (q, k, v)), pat, mode="merged", scale=0.125,
+                             impl="reference", return_lse=True)
+    want = ref.numpy()
+    bound = 2.0**-8 * np.abs(want) + 2.0**-8 * v.double().abs().max().item()
+    assert (np.abs(out - want) <= bound + 1e-5 * np.abs(want).max()).all()
+    assert (np.abs(out - whole) <= 2 * bound).all()
+    np.testing.assert_allclose(lse, ref_lse.numpy(), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("path", PRODUCTS)
 @pytest.mark.parametrize("mode", ["multihead", "merged"])
 @pytest.mark.parametrize(("name", "params"), [
