@@ -218,23 +218,24 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
                 mrow[r] = cmax[r]
         if whole and d % 16 == 0:
             # each group of 4 queries sees key rows lo .. hi of the chunk (from the
-            # masks of its first and last tile that hold any of its queries; AMX
-            # multiplies whole tiles)
-            full = grows.size // 16 - 1
+            # masks of its first and last tile that hold any of its queries); AMX
+            # multiplies whole tiles and needs none
             lo, hi = roff[:8], roff[8:16]
-            for g in range(8 if bf != 2 else 0):
-                lo[g] = 0
-                hi[g] = 0
-                for t in range(c0, c1):
-                    mi = tile_mask[t] if tile_mask[t] >= 0 else full
-                    if grows[mi * 16 + 2 * g] < 32:
-                        lo[g] = (t - c0) * 32 + grows[mi * 16 + 2 * g]
-                        break
-                for t in range(c1 - 1, c0 - 1, -1):
-                    mi = tile_mask[t] if tile_mask[t] >= 0 else full
-                    if grows[mi * 16 + 2 * g + 1] > 0:
-                        hi[g] = (t - c0) * 32 + grows[mi * 16 + 2 * g + 1]
-                        break
+            if bf != 2:
+                full = grows.size // 16 - 1
+                for g in range(8):
+                    lo[g] = 0
+                    hi[g] = 0
+                    for t in range(c0, c1):
+                        mi = tile_mask[t] if tile_mask[t] >= 0 else full
+                        if grows[mi * 16 + 2 * g] < 32:
+                            lo[g] = (t - c0) * 32 + grows[mi * 16 + 2 * g]
+                            break
+                    for t in range(c1 - 1, c0 - 1, -1):
+                        mi = tile_mask[t] if tile_mask[t] >= 0 else full
+                        if grows[mi * 16 + 2 * g + 1] > 0:
+                            hi[g] = (t - c0) * 32 + grows[mi * 16 + 2 * g + 1]
+                            break
             post = msub  # free in the fused path: 1, or 1 / l after the last chunk
             final = inplace and last and c1 == t1
             for r in range(rows):
