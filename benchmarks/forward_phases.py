@@ -87,9 +87,9 @@ def _passes(reps, what, bf, q, roffq, k, koff, v, t0, nt, tile_mask, maskt, bufs
             else:
                 _exp32(sbuf, nt * 32, cmax, csum)
         elif bf:
-            _pv32_dense_bf16(v, koff, sbuf, obuf, 0, alpha, msub, lo, hi, D, obuf, 0)
+            _pv32_dense_bf16(v, koff, sbuf, obuf, 0, alpha, msub, lo, hi, D, obuf, 0, False)
         else:
-            _pv32_dense(v, koff, sbuf, obuf, 0, alpha, msub, lo, hi, D, obuf, 0)
+            _pv32_dense(v, koff, sbuf, obuf, 0, alpha, msub, lo, hi, D, obuf, 0, False)
 
 
 @numba.njit(fastmath={"contract"})

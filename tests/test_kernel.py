@@ -465,7 +465,7 @@ def test_pv32_against_numpy(d, dtype):
 
     @numba.njit
     def run(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff):
-        _pv32_dense(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff)
+        _pv32_dense(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff, False)
 
     rng = np.random.default_rng(d)
     nk, koff, ooff = 96, 3 * d, 2 * d + 16

@@ -248,9 +248,11 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
                 _pv32_amx(va, koff, sbuf, ob, ooff, alpha, post, nk, d, vbuf[vbuf.size // 2:],
                           kbuf[kbuf.size // 2:], roff[block:], ob, ooff)
             elif bf:
-                _pv32_dense_bf16(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)
+                _pv32_dense_bf16(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff,
+                                 first and c0 == t0)
             else:
-                _pv32_dense(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff)  # in place
+                _pv32_dense(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff,
+                            first and c0 == t0)  # in place (O is 0 in a group's first chunk)
             if bf and words and final:
                 _narrow16(obuf, ow[oo:], 0, rows * d, True)
             if nq >= 0 and c0 == t0:  # the keys and values of the next block's last tile
