@@ -437,7 +437,8 @@ _LANE_COLUMNS = tuple(tuple(8 * (k // 4) + 4 * h + k % 4 for k in range(16)) for
 
 def _lane_order(builder, x, y, back: bool = False):
     """Two vectors of 16 float32 (columns 0-15 and 16-31 of a row) in the column order of
-    :data:`_LANE_COLUMNS` (each one ``vpermt2ps``), or ``back`` from it to columns in order."""
+    :data:`_LANE_COLUMNS` (one two-source shuffle each: LLVM emits ``vshuff64x2`` one way,
+    ``vpermt2pd`` the other), or ``back`` from it to columns in order."""
     i32 = ir.IntType(32)
     if not back:
         return [builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(i32, 16), list(cols)))
@@ -459,7 +460,7 @@ def _row_pairs(builder, sp, ra, rb, c0, W, vt, lanes: bool = False):
     each 32 columns' two vectors hold them in :data:`_LANE_COLUMNS`' order (the sums'
     columns then are too: :func:`_lane_order` puts them back). On an AMD Zen 4,
     ``vpermt2w`` shares a port with half of each ``vdpbf16ps``; ``P V`` on 24 tiles in L1
-    ran at 76% of the bf16 peak with it, at 88% on unpacks."""
+    ran at 76% of the bf16 peak with it, at 87% on unpacks."""
     i64 = ir.IntType(64)
     ht = ir.VectorType(ir.IntType(16), 32)
     masks = _lane_masks() if lanes and W > 1 else _pair_masks()
