@@ -252,16 +252,18 @@ def test_bf16_backward_in_query_ranges(name, params, mode, path, monkeypatch):
 
 
 def test_bf16_exponentials_within_their_stated_error():
-    """The bf16 forward's exponential pass (a degree-4 polynomial): each probability within
-    its bf16 rounding (2**-8) plus 3e-6 of 2**(s - max) in float64, stored as pairs of
-    keys per query; each column sum, of the float32 values before rounding, within 3e-6
-    of float64's; and the polynomial itself within 2.7e-6 on [-1/2, 1/2] in float32."""
+    """The bf16 forward's exponential pass (a degree-4 polynomial in the fraction
+    ``x - floor(x)``): each probability within its bf16 rounding (2**-8) plus 3e-6 of
+    2**(s - max) in float64, stored as pairs of keys per query; exactly 0 for a masked
+    (-inf) score or one more than 126 below its column's max, NaN for a NaN score; each
+    column sum, of the float32 values before rounding, within 3e-6 of float64's; and the
+    polynomial itself within 2.7e-6 of 2**r on [0, 1) in float32."""
     import numba
 
     from sparse_patterns.kernels.cpu._llvm import _EXP2_POLY_BF16
     from sparse_patterns.kernels.cpu._llvm_fwd import _exp32_bf16
 
-    r = np.linspace(-0.5, 0.5, 100_001).astype(np.float32)
+    r = np.linspace(0.0, 1.0, 100_001)[:-1].astype(np.float32)
     y = np.full_like(r, _EXP2_POLY_BF16[0])
     for c in _EXP2_POLY_BF16[1:]:
         y = (y * r + np.float32(c)).astype(np.float32)
@@ -271,19 +273,29 @@ def test_bf16_exponentials_within_their_stated_error():
     def run(st, nk, cmax, csum):
         _exp32_bf16(st, nk, cmax, csum)
 
+    def probabilities(s):
+        cmax = s.max(axis=0)
+        st, csum = s.reshape(-1).copy(), np.zeros(32, np.float32)
+        run(st, s.shape[0], cmax, csum)
+        words = st.view(np.uint32)[: s.shape[0] // 2 * 32].reshape(-1, 32)
+        got = np.empty(s.shape)
+        got[0::2] = (words << 16).view(np.float32)  # low halves: keys 2p
+        got[1::2] = (words & 0xFFFF0000).view(np.float32)  # high halves: keys 2p + 1
+        return got, csum, cmax
+
     rng = np.random.default_rng(4)
-    nk = 64
-    s = (rng.standard_normal((nk, 32)) * 6).astype(np.float32)
-    cmax = s.max(axis=0)
-    st, csum = s.reshape(-1).copy(), np.zeros(32, np.float32)
-    run(st, nk, cmax, csum)
+    s = (rng.standard_normal((64, 32)) * 6).astype(np.float32)
+    s[5, :8] = -np.inf  # masked
+    s[9, 8:16] = s[:, 8:16].max(axis=0) - 126.5  # below the clamp
+    s[9, 16:24] = s[:, 16:24].max(axis=0) - 125.5  # above it: 2**-125.5
+    got, csum, cmax = probabilities(s)
     want = 2.0 ** (s.astype(np.float64) - cmax)  # (keys, queries)
-    words = st.view(np.uint32)[: nk // 2 * 32].reshape(nk // 2, 32)
-    got = np.empty((nk, 32))
-    got[0::2] = (words << 16).view(np.float32)  # low halves: keys 2p
-    got[1::2] = (words & 0xFFFF0000).view(np.float32)  # high halves: keys 2p + 1
-    assert (np.abs(got - want) <= (2.0**-8 + 3e-6) * want).all()
+    assert (got[5, :8] == 0).all() and (got[9, 8:16] == 0).all()
+    assert (np.abs(got - want) <= (2.0**-8 + 3e-6) * want + (want < 2.0**-126)).all()
     np.testing.assert_allclose(csum, want.sum(axis=0), rtol=3e-6)
+    s[3, 0] = np.nan
+    got, csum, _ = probabilities(s)
+    assert np.isnan(got[3, 0]) and np.isnan(csum[0]) and not np.isnan(csum[1:]).any()
 
 
 @needs_bf16_products

@@ -291,7 +291,7 @@ def _dscores_codegen(bf16: bool, amx: bool = False):
                 for h in range(2):
                     x = builder.call(fma, [builder.load(acc[0][u][h]), av, builder.fneg(shift)])
                     # bf16: P is rounded to 2**-8 right after, the cheaper polynomial
-                    p = _emit_exp2(builder, x, _EXP2_POLY_BF16 if bf16 else _EXP2_POLY)
+                    p = _emit_exp2(builder, x, _EXP2_POLY_BF16 if bf16 else _EXP2_POLY, floor=bf16)
                     keep = builder.bitcast(builder.trunc(builder.lshr(word, ir.Constant(word.type, 16 * h)),
                                                          ir.IntType(16)), ir.VectorType(ir.IntType(1), 16))
                     ds = builder.fmul(builder.fmul(p, dsv), builder.fsub(builder.load(acc[1][u][h]), delta))

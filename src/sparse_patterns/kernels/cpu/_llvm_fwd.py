@@ -91,7 +91,7 @@ def _exp_codegen(pack: bool):
                 for h in range(2):
                     ptr = vec(sp, builder.add(row, i64(16 * h)))
                     y = _emit_exp2(builder, builder.fsub(builder.load(ptr, align=4), msub[h]),
-                                   _EXP2_POLY_BF16 if pack else _EXP2_POLY)
+                                   _EXP2_POLY_BF16 if pack else _EXP2_POLY, floor=pack)
                     if not pack:
                         builder.store(y, ptr, align=4)
                     builder.store(builder.fadd(builder.load(acc[h]), y), acc[h])
