@@ -106,12 +106,14 @@ def test_work_items_copy_each_of_their_rows_once_in_run_order():
     pat = sps.make("strided", 3000, stride=37)  # 37 classes of 81-82 tokens
     block = 4
     pl = plan(pat, mode="merged", block=block)
-    steps = [st for st in _forward_steps(pl, 8) if st[3] > 0]
-    assert steps
-    for step in steps:
+    # float32 items, and bf16's (twice the rows)
+    steps = [(st, rows) for rows in (_LOCAL_ROWS, 2 * _LOCAL_ROWS)
+             for st in _forward_steps(pl, 8, rows) if st[3] > 0]
+    assert len(steps) >= 2
+    for step, rows in steps:
         p, items, kperm, copies = step[0], step[4], step[8], step[9]
         s = int(_residues(pl)[p])
-        assert s == 37 and items == _LOCAL_ROWS // block
+        assert s == 37 and items == rows // block
         kx0, kptr, korder, qptr, qorder = copies
         assert kx0.size == -(-pl.nb // items) >= 2
         for w, I0 in enumerate(range(0, pl.nb, items)):

@@ -56,6 +56,7 @@ from ._rows import _permute_residue, _permute_rows
 from ._schedule import (
     _CHUNK,
     _CHUNK_FUSED,
+    _LOCAL_ROWS,
     _NO_MASKS,
     _NO_ROWS,
     _forward_steps,
@@ -281,7 +282,8 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
     fused = block == 32 and not precise
     maskt = plan.memo("cpu.masks_t", lambda: _masks_t(plan)) if fused else _NO_MASKS
     grows = plan.memo("cpu.group_rows", lambda: _group_rows(maskt)) if fused else _NO_ROWS
-    steps = plan.memo(("cpu.forward", seg), lambda: _forward_steps(plan, seg))
+    rows = 2 * _LOCAL_ROWS if bf else _LOCAL_ROWS  # a copying item's queries (bf16: half the bytes)
+    steps = plan.memo(("cpu.forward", seg, rows), lambda: _forward_steps(plan, seg, rows))
     # with _CHUNK_BYTES > 0 (0, the default: every head at once), a group of several
     # pieces, none reordered (strided: its residue classes, then the window): all of
     # them on a few heads (``hc``), then on the next ones, so that the

@@ -75,7 +75,10 @@ def _residues(plan) -> np.ndarray:
 # queries of a work item that copies its rows: its query, key, value and output buffers
 # (4 x 128 KB at d = 64, float32) then stay in a core's L2 beside the rows being read;
 # with 2,048 they filled it (2 MB), and the strided (l = 128) forward at n = 16,384
-# (d = 64, A/B interleaved) was 3% slower
+# (d = 64, A/B interleaved) was 3% slower. bf16 inputs (rows of half the bytes) take twice
+# as many (see _forward_steps' ``rows``): AMD Zen 4, strided bf16 forward at n = 16,384,
+# ABBA in one process: 1,024 rows 1.026x (1.024-1.034, 8 rounds) and 1.020x, 2,048 1.020x,
+# against 512; float32 at 1,024: 0.998x
 _LOCAL_ROWS = 512
 
 
@@ -143,7 +146,7 @@ def _copy_orders(plan, p: int, items: int, kperm_used: np.ndarray, s: int) -> tu
 _NO_COPIES = (np.zeros(1, np.int64),) * 5
 
 
-def _forward_steps(plan, seg: int) -> list[tuple]:
+def _forward_steps(plan, seg: int, rows: int = _LOCAL_ROWS) -> list[tuple]:
     """What the forward derives from the plan alone, once per plan (see
     :meth:`ExecutionPlan.memo`): the pieces in the order they run, each as
     ``(p, first, last, span, items, reorder, kstart, kstep, kperm_used, copies)``.
@@ -151,8 +154,9 @@ def _forward_steps(plan, seg: int) -> list[tuple]:
     Pieces whose query blocks are not runs of tokens run first: they then only write
     the state of their rows, which the pieces in natural order read back
     sequentially. Key rows are used in place where a piece's key blocks are runs of
-    consecutive tokens; otherwise each work item (about ``_LOCAL_ROWS`` queries, so
-    that its copies read runs of rows: 4 rows per run for a stride-128 head's order)
+    consecutive tokens; otherwise each work item (about ``rows`` queries, so
+    that its copies read runs of rows: 4 rows per run for a stride-128 head's order at
+    512)
     copies the rows it needs (``span`` > 0: the key blocks one item spans) or, if
     that would copy much more than it uses, ``reorder`` says how the used key blocks
     are put in the piece's order once per call: ``(s, rows)``, ``s`` > 0 for a
@@ -173,7 +177,7 @@ def _forward_steps(plan, seg: int) -> list[tuple]:
         ks, kt, kperm_used = kstep[p], kstart[p], kperm[p]
         span, items, reorder = 0, seg, None
         if (ks[:used] != 1).any():
-            items = max(seg, -(-_LOCAL_ROWS // block))
+            items = max(seg, -(-rows // block))
             span = _item_span(tile_ptr[p * nb: (p + 1) * nb + 1], tile_col, items)
             # a work item would copy more keys than it reuses, or the items together many
             # times the keys that one reordering per call puts in place (summary keys
