@@ -22,10 +22,10 @@ causal forward + backward; and the first-call (compile or cache load) time.
 
 The machine is shared and its speed drifts by up to 30% within a minute, so the
 timings are interleaved: each of ``--rounds`` rounds times every quantity once
-(the best of ``--repeats`` calls; SDPA, 2 s a call, once). Each figure is printed
-from the best times over all rounds, then as the median and range over the rounds
-of the same figure taken within one round (both sides of a ratio timed seconds
-apart). Our kernel is more sensitive than SDPA or the matmul to other tenants'
+(the best of ``--repeats`` calls; SDPA, 2 s a call, once), the two sides of a ratio
+one right after the other, the order of the list reversed every other round. Each
+figure is printed from the best times over all rounds, then as the median and range
+over the rounds of the same figure taken within one round. Our kernel is more sensitive than SDPA or the matmul to other tenants'
 memory traffic (its time can double while theirs grows by a third), so the two
 can differ.
 Nothing here is asserted: the targets are printed next to the figures.
@@ -226,43 +226,45 @@ def main() -> None:
 
     train(attn)
     train(attn, leaves16, do16)
+    # the two sides of each ratio timed one right after the other (the order of the
+    # whole list reversed every other round): the machine's speed drifts within seconds
     timed = {
         "matmul": lambda: a @ a,
         "peak32": lambda: peaks.append(fma_peak("float32", again=True)),
         "peak16": lambda: peaks16.append(fma_peak(kind16, again=True)),
+        "sdpa_train": lambda: train(lambda *x: sdpa(*x, is_causal=True)),
         "train": lambda: train(attn),
         "train_bf16": lambda: train(attn, leaves16, do16),
-        "sdpa_train": lambda: train(lambda *x: sdpa(*x, is_causal=True)),
-        "strided_bf16": lambda: attention(*half, strided, mode="merged", block=args.block),
-        "fixed_bf16": lambda: attention(*half, pats["fixed"], mode="merged", block=args.block),
-        "backward_bf16": lambda: attention_backward(*half, o16, lse16, do16, strided,
-                                                    mode="merged", block=args.block),
-        "backward_fixed": lambda: attention_backward(q, k, v, of, lsef, do, pats["fixed"],
-                                                     mode="merged", block=args.block),
-        "fixed_offset": lambda: attention(qo, ko, vo, pats["fixed"], mode="merged",
-                                          block=args.block),
-        "backward_fixed_offset": lambda: attention_backward(qo, ko, vo, of, lsef, doo,
-                                                            pats["fixed"], mode="merged",
-                                                            block=args.block),
-        "backward_fixed_bf16": lambda: attention_backward(*half, of16, lsef16, do16,
-                                                          pats["fixed"], mode="merged",
-                                                          block=args.block),
         "sdpa": lambda: sdpa(tq, tk, tv, is_causal=True),
         "strided": lambda: attention(q, k, v, strided, mode="merged", block=args.block),
+        "strided_bf16": lambda: attention(*half, strided, mode="merged", block=args.block),
         # the same call with a new output array (the kernel otherwise recycles the
         # previous call's, which the caller dropped): what the pages of a new 32 MiB
         # array cost here
         "strided_new_out": lambda: (release_workspace(),
                                     attention(q, k, v, strided, mode="merged", block=args.block)),
-        "fixed": lambda: attention(q, k, v, pats["fixed"], mode="merged", block=args.block),
         "backward": lambda: attention_backward(q, k, v, o, lse, do, strided, mode="merged",
                                                block=args.block),
+        "backward_bf16": lambda: attention_backward(*half, o16, lse16, do16, strided,
+                                                    mode="merged", block=args.block),
+        "fixed": lambda: attention(q, k, v, pats["fixed"], mode="merged", block=args.block),
+        "fixed_bf16": lambda: attention(*half, pats["fixed"], mode="merged", block=args.block),
+        "backward_fixed": lambda: attention_backward(q, k, v, of, lsef, do, pats["fixed"],
+                                                     mode="merged", block=args.block),
+        "backward_fixed_bf16": lambda: attention_backward(*half, of16, lsef16, do16,
+                                                          pats["fixed"], mode="merged",
+                                                          block=args.block),
+        "fixed_offset": lambda: attention(qo, ko, vo, pats["fixed"], mode="merged",
+                                          block=args.block),
+        "backward_fixed_offset": lambda: attention_backward(qo, ko, vo, of, lsef, doo,
+                                                            pats["fixed"], mode="merged",
+                                                            block=args.block),
         "strided65k": lambda: attention(q2, k2, v2, pat2, mode="merged", block=args.block),
     }
     rounds = {key: [] for key in timed}
-    for _ in range(args.rounds):
-        for key, fn in timed.items():
-            rounds[key].append(best(fn, 1 if key.startswith("sdpa") else args.repeats))
+    for r in range(args.rounds):
+        for key in list(timed) if r % 2 == 0 else list(timed)[::-1]:
+            rounds[key].append(best(timed[key], 1 if key.startswith("sdpa") else args.repeats))
     t = {key: np.array(val) for key, val in rounds.items()}
     mm = 2 * 4096**3 / t["matmul"] / 1e9  # GFLOP/s per round
 
@@ -290,8 +292,9 @@ def main() -> None:
           "sparse_patterns.kernels.cpu.amx_applies and bf16_applies "
           f"(SPARSE_PATTERNS_BF16={os.environ.get('SPARSE_PATTERNS_BF16', 'auto')})")
     print(f"{args.rounds} rounds, each timing every quantity once (best of {args.repeats} calls; "
-          "SDPA: 1). Each figure: from the best times of all rounds, then (the median and range "
-          "over rounds of the same figure taken within one round)")
+          "SDPA: 1), the two sides of a ratio one after the other, the order reversed every "
+          "other round. Each figure: from the best times of all rounds, then (the median and "
+          "range over rounds of the same figure taken within one round)")
     print(f"torch fp32 matmul 4096^2: {fig(mm_best, mm, '.0f')} GFLOP/s "
           f"(torch threads {torch_threads})")
     print(f"torch SDPA is_causal=True, n={n}: {fig(t['sdpa'].min() * 1e3, t['sdpa'] * 1e3, '.0f')} ms")
