@@ -50,7 +50,12 @@ from sparse_patterns.kernels.cpu._llvm_fwd import (
     _scores32_bf16,
 )
 from sparse_patterns.kernels.cpu._pool import _thread_buffers, _views
-from sparse_patterns.kernels.cpu._schedule import _CHUNK_FUSED, _group_rows, _masks_t
+from sparse_patterns.kernels.cpu._schedule import (
+    _CHUNK_FUSED,
+    _chunk_ranges,
+    _group_rows,
+    _masks_t,
+)
 
 __all__: list[str] = []
 
@@ -94,7 +99,7 @@ def _passes(reps, what, bf, q, roffq, k, koff, v, t0, nt, tile_mask, maskt, bufs
 
 @numba.njit(fastmath={"contract"})
 def _block(reps, I, bf, q, k, v, o1, ow, m1, l1, qp, kperm, kstart, kstep, tile_ptr, tile_col,
-           tile_mask, masks, maskt, grows, bufs):
+           tile_mask, masks, maskt, ranges, bufs):
     """``reps`` calls of the whole query block ``I`` (piece 0, first and last); ``bf``:
     bf16 inputs (rows of ``D / 2`` words) on bf16 products."""
     _wide()
@@ -104,7 +109,7 @@ def _block(reps, I, bf, q, k, v, o1, ow, m1, l1, qp, kperm, kstart, kstep, tile_
     for _ in range(reps):
         _qblock(q, 0, qp, k, v, o1, ow, m1, l1, 0, 0, n, D, dw, bf, 0,
                     I, SCALE, True, True, qp, kperm, kstart, kstep, tile_ptr, tile_col,
-                    tile_mask, masks, maskt, grows, True, False, 32, _CHUNK_FUSED, False,
+                    tile_mask, masks, maskt, ranges, True, False, 32, _CHUNK_FUSED, False,
                     qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff,
                     False, ow)
 
@@ -166,7 +171,7 @@ def window_block(bf: int, peak: float, bufs, pl, maskt, rng) -> None:
     then the whole block."""
     n = pl.n
     dw = D // 2 if bf else D
-    grows = _group_rows(maskt)
+    ranges = _chunk_ranges(pl, _group_rows(maskt), _CHUNK_FUSED)
     steps = fwd._forward_steps(pl, 8)
     p, kt, ks, kperm = steps[0][0], steps[0][6], steps[0][7], steps[0][8]
     q, k, v = (rng.standard_normal(n * D).astype(np.float32) for _ in range(3))
@@ -176,7 +181,7 @@ def window_block(bf: int, peak: float, bufs, pl, maskt, rng) -> None:
     I = 20
     t0, t1 = int(pl.tile_ptr[p * pl.nb + I]), int(pl.tile_ptr[p * pl.nb + I + 1])
     bargs = (bf, q, k, v, o1, np.empty(0, np.uint16), m1, l1, pl.qperm[p], kperm, kt, ks,
-             pl.tile_ptr, pl.tile_col, pl.tile_mask, pl.masks, maskt, grows, bufs)
+             pl.tile_ptr, pl.tile_col, pl.tile_mask, pl.masks, maskt, ranges, bufs)
     t_block = clock(lambda r: _block(r, I, *bargs), 20000)
     # the block's own key ranges (lo, hi: the first 16 row offsets _qblock leaves),
     # its Q^T and probabilities, from one more call

@@ -521,6 +521,33 @@ def test_group_rows_bound_what_each_query_group_sees():
             assert tuple(rows[m, g]) == want, (m, g)
 
 
+
+@pytest.mark.parametrize("chunk", [1, 2, 24])
+def test_chunk_ranges_bound_what_each_query_group_sees_in_each_chunk(chunk):
+    """For every chunk of ``chunk`` tiles of every query block of every piece,
+    :func:`_chunk_ranges` gives, per group of 4 queries, the first key row of the chunk
+    that any of them sees and one past the last (0, 0 if none): brute force over the
+    plan's masks (a full tile: every key seen)."""
+    from sparse_patterns.kernels.cpu._schedule import _chunk_ranges, _group_rows, _masks_t
+
+    pl = plan(sps.make("strided", 300, stride=40), mode="merged", block=32)
+    cptr, ranges = _chunk_ranges(pl, _group_rows(_masks_t(pl)), chunk)
+    bits = np.unpackbits(pl.masks.view(np.uint8), axis=-1, bitorder="little")[..., :32]
+    nb, rows = pl.nb, 0
+    for b in range(pl.tile_ptr.size - 1):
+        t0, t1 = int(pl.tile_ptr[b]), int(pl.tile_ptr[b + 1])
+        assert cptr[b] == rows
+        for k, c0 in enumerate(range(t0, t1, chunk)):
+            c1 = min(t1, c0 + chunk)
+            got = ranges[(cptr[b] + k) * 16: (cptr[b] + k + 1) * 16]
+            for g in range(8):
+                seen = [(t - c0) * 32 + j for t in range(c0, c1) for j in range(32)
+                        if pl.tile_mask[t] < 0 or bits[pl.tile_mask[t], 4 * g: 4 * g + 4, j].any()]
+                want = (seen[0], seen[-1] + 1) if seen else (0, 0)
+                assert (got[g], got[8 + g]) == want, (b, k, g)
+            rows += 1
+    assert cptr[-1] == rows and ranges.size == 16 * rows and b + 1 == pl.tile_ptr.size - 1 >= nb
+
 def random_patterns():
     return _random_patterns(max_n=30, densities=(0.0, 0.05, 0.2, 0.6, 1.0), single_key=0.4)
 

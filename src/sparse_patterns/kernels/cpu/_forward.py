@@ -58,7 +58,8 @@ from ._schedule import (
     _CHUNK_FUSED,
     _LOCAL_ROWS,
     _NO_MASKS,
-    _NO_ROWS,
+    _NO_RANGES,
+    _chunk_ranges,
     _forward_steps,
     _group_rows,
     _masks_t,
@@ -97,7 +98,7 @@ _PREFETCH = True
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
 def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G, g, p, first,
                    last, qperm, kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col,
-                   tile_mask, masks, maskt, grows, fused, pf, block, chunk, seg, precise, nt, T,
+                   tile_mask, masks, maskt, ranges, fused, pf, block, chunk, seg, precise, nt, T,
                    sw, sws):  # pragma: no cover - compiled
     """Piece ``p`` (softmax group ``g``) of every (batch, head) ``bh0 <= bh < bh1`` whose
     group is ``g``.
@@ -188,7 +189,7 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
                         _prefetch(q1, (base2 + qp[qorder[t]]) * dw, dw)
                 _qblock(q1, base, qp, kl, vl, ol, ow[:0], ml, ll, -y0, -x0, n, d, dw, bf, p, I,
                         scale, first, last, local, local, lstart, lstep, tile_ptr, tile_col,
-                        tile_mask, masks, maskt, grows, fused, False, block, chunk, precise,
+                        tile_mask, masks, maskt, ranges, fused, False, block, chunk, precise,
                         qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff,
                         False, sws)
             for t in range(qptr[it], qptr[it + 1]):
@@ -212,7 +213,7 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
             for I in range(I0, I1):
                 _qblock(q1, base, qperm[p], k1, v1, o1, ow, m1, l1, base, base, n, d, dw, bf, p, I,
                         scale, first, last, qperm[p], kperm_used, kstart, kstep, tile_ptr,
-                        tile_col, tile_mask, masks, maskt, grows, fused, pf, block, chunk, precise,
+                        tile_col, tile_mask, masks, maskt, ranges, fused, pf, block, chunk, precise,
                         qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff,
                         sw == 2, sws)
 
@@ -220,7 +221,7 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
 def _forward_pair(q1, ka, va, kb, vb, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
                   g, pa, pb, first, last, qperm, kpa, kta, ksa, kpb, ktb, ksb, tile_ptr, tile_col,
-                  tile_mask, masks, maskt, grows, fused, pf, block, chunk, seg, precise, T):  # pragma: no cover - compiled
+                  tile_mask, masks, maskt, ranges, fused, pf, block, chunk, seg, precise, T):  # pragma: no cover - compiled
     """Pieces ``pa`` then ``pb`` of softmax group ``g``, one after the other on each
     query block, for two pieces with the same query order that copy nothing: what two
     :func:`_forward_piece` calls compute, but a block's state (its rows of ``o1``,
@@ -243,10 +244,10 @@ def _forward_pair(q1, ka, va, kb, vb, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf
         for I in range((w % nseg) * seg, min(nb, (w % nseg + 1) * seg)):
             _qblock(q1, base, qperm[pa], ka, va, o1, ow, m1, l1, base, base, n, d, dw, bf, pa, I,
                     scale, first, False, qperm[pa], kpa, kta, ksa, tile_ptr, tile_col, tile_mask,
-                    masks, maskt, grows, fused, pf, block, chunk, precise, *own, False, ow[:0])
+                    masks, maskt, ranges, fused, pf, block, chunk, precise, *own, False, ow[:0])
             _qblock(q1, base, qperm[pb], kb, vb, o1, ow, m1, l1, base, base, n, d, dw, bf, pb, I,
                     scale, False, last, qperm[pb], kpb, ktb, ksb, tile_ptr, tile_col, tile_mask,
-                    masks, maskt, grows, fused, pf, block, chunk, precise, *own, False, ow[:0])
+                    masks, maskt, ranges, fused, pf, block, chunk, precise, *own, False, ow[:0])
 
 
 def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=False,
@@ -281,7 +282,9 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
     # 32-token float32 tiles: scores, masks and column max in one pass (_scores32)
     fused = block == 32 and not precise
     maskt = plan.memo("cpu.masks_t", lambda: _masks_t(plan)) if fused else _NO_MASKS
-    grows = plan.memo("cpu.group_rows", lambda: _group_rows(maskt)) if fused else _NO_ROWS
+    ranges = (plan.memo(("cpu.chunk_ranges", chunk), lambda: _chunk_ranges(
+        plan, plan.memo("cpu.group_rows", lambda: _group_rows(maskt)), chunk)) if fused
+        else _NO_RANGES)
     rows = 2 * _LOCAL_ROWS if bf else _LOCAL_ROWS  # a copying item's queries (bf16: half the bytes)
     steps = plan.memo(("cpu.forward", seg, rows), lambda: _forward_steps(plan, seg, rows))
     # with _CHUNK_BYTES > 0 (0, the default: every head at once), a group of several
@@ -325,13 +328,13 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
                 _forward_pair(q1, ka, va, kq, vq, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw,
                               bf, scale, G, groups[p], pa, p, pfirst, last, plan.qperm, kpa,
                               kta, ksa, kperm_used, kt, ks, plan.tile_ptr, plan.tile_col,
-                              plan.tile_mask, plan.masks, maskt, grows, fused, _PREFETCH, block,
+                              plan.tile_mask, plan.masks, maskt, ranges, fused, _PREFETCH, block,
                               chunk, items, precise, T)
                 continue
             _forward_piece(q1, kq, vq, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
                            groups[p], p, first, last, plan.qperm, kperm_used, kt, ks, span,
                            copies, plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks,
-                           maskt, grows, fused, _PREFETCH, block, chunk, items, precise, hc == BH,
+                           maskt, ranges, fused, _PREFETCH, block, chunk, items, precise, hc == BH,
                            T, sw[x], sws)
 
 

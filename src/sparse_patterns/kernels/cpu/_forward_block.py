@@ -50,7 +50,7 @@ def _no_keys(o1, ow, m1, i, d):  # pragma: no cover - compiled
 @numba.njit(**_BLOCK)
 def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf, p, I, scale,
             first, last, qmap, kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks,
-            maskt, grows, fused, pf, block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow,
+            maskt, ranges, fused, pf, block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow,
             lrow, cmax, msub, csum, alpha, roff, swin, sws):  # pragma: no cover - compiled
     """Query block ``I`` of piece ``p`` for one (batch, head): continues the online
     softmax of its queries over chunks of tiles. Position ``x`` of the piece's order
@@ -222,20 +222,11 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
             # multiplies whole tiles and needs none
             lo, hi = roff[:8], roff[8:16]
             if bf != 2:
-                full = grows.size // 16 - 1
+                cptr, crows = ranges  # see _schedule._chunk_ranges
+                row = (cptr[p * nb + I] + (c0 - t0) // chunk) * 16
                 for g in range(8):
-                    lo[g] = 0
-                    hi[g] = 0
-                    for t in range(c0, c1):
-                        mi = tile_mask[t] if tile_mask[t] >= 0 else full
-                        if grows[mi * 16 + 2 * g] < 32:
-                            lo[g] = (t - c0) * 32 + grows[mi * 16 + 2 * g]
-                            break
-                    for t in range(c1 - 1, c0 - 1, -1):
-                        mi = tile_mask[t] if tile_mask[t] >= 0 else full
-                        if grows[mi * 16 + 2 * g + 1] > 0:
-                            hi[g] = (t - c0) * 32 + grows[mi * 16 + 2 * g + 1]
-                            break
+                    lo[g] = crows[row + g]
+                    hi[g] = crows[row + 8 + g]
             post = msub  # free in the fused path: 1, or 1 / l after the last chunk
             final = inplace and last and c1 == t1
             for r in range(rows):
