@@ -396,11 +396,11 @@ def _emit_exp2(builder, x, poly=_EXP2_POLY, floor=False):
     forward 1.5x slower.
 
     ``floor`` (with :data:`_EXP2_POLY_BF16`, a polynomial on ``[0, 1)``): ``x = n + r``
-    with ``n = floor(x)``, other bits than :func:`_exp2f`'s. On AVX-512 that is three
-    instructions fewer a vector: ``r`` by one ``vreduceps`` (0 for an infinite ``x``,
-    so no clamp), ``2**n`` by ``vscalefps`` on ``x`` itself (it takes the floor of its
-    exponent), computed only where ``x >= -126`` or NaN, 0 elsewhere (a masked lane
-    raises no assist)."""
+    with ``n = floor(x)``, other bits than :func:`_exp2f`'s. On AVX-512 that is two
+    instructions fewer a vector (7, not 9): ``r`` by one ``vreduceps`` (0 for an
+    infinite ``x``, so no clamp), ``2**n`` by ``vscalefps`` on ``x`` itself (it takes
+    the floor of its exponent), computed only where ``x >= -126`` or NaN, 0 elsewhere
+    (a masked lane raises no assist)."""
     vt = x.type
     mod = builder.module
     i32 = ir.IntType(32)
