@@ -114,6 +114,53 @@ PRODUCTS = [pytest.param("products", marks=needs_bf16_products),
             pytest.param("amx", marks=needs_amx)]
 
 
+
+@needs_bf16_products
+@pytest.mark.parametrize("fresh", [True, False])
+def test_pv_on_words_equals_widen_pv_narrow(fresh):
+    """:func:`_pv32_dense_bf16` reading the state's bf16 words (or none, ``fresh``) and
+    writing the output's words, over one key block (what a strided window block does),
+    gives the words of widening the state, running it on float32 rows and narrowing
+    the result, bit for bit; rows outside the block are left as they were."""
+    import numba
+
+    from sparse_patterns.kernels.cpu._convert import _narrow16, _widen16
+    from sparse_patterns.kernels.cpu._llvm_fwd import _pv32_dense_bf16
+
+    @numba.njit
+    def by_floats(va, st, state, alpha, post, lo, hi, d, obuf, out, fresh):
+        if not fresh:
+            _widen16(state, obuf, 0, 32 * d, True)
+        _pv32_dense_bf16(va, 0, st, obuf, 0, alpha, post, lo, hi, d, obuf, 0, fresh)
+        _narrow16(obuf, out, 0, 32 * d, True)
+
+    @numba.njit
+    def by_words(va, st, state, alpha, post, lo, hi, d, obuf, out, fresh):
+        if fresh:
+            _pv32_dense_bf16(va, 0, st, obuf, 0, alpha, post, lo, hi, d, out, d, True)
+        else:
+            _pv32_dense_bf16(va, 0, st, state, d, alpha, post, lo, hi, d, out, d, False)
+
+    rng = np.random.default_rng(11)
+    d, nk = 64, 160
+
+    def words(x):
+        return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+    va = words(rng.standard_normal(nk * d)).view(np.float32)  # rows of d / 2 words
+    st = words(rng.uniform(0, 1, nk * 32)).view(np.float32)  # 80 pairs x 32 queries
+    state = words(rng.standard_normal(34 * d) * 3)  # rows 1 .. 32 hold the block's state
+    alpha = rng.uniform(0.1, 1, 32).astype(np.float32)
+    post = (1 / rng.uniform(1, 9, 32)).astype(np.float32)
+    lo = np.array([0, 3, 0, 40, 0, 0, 17, 0], np.int64)
+    hi = np.array([160, 97, 128, 160, 33, 160, 160, 64], np.int64)
+    obuf, want = np.zeros(32 * d, np.float32), np.zeros(32 * d, np.uint16)
+    by_floats(va, st, state[d:], alpha, post, lo, hi, d, obuf, want, fresh)
+    got = np.full(34 * d, 7, np.uint16)
+    by_words(va, st, state, alpha, post, lo, hi, d, np.zeros(32 * d, np.float32), got, fresh)
+    np.testing.assert_array_equal(got[d: 33 * d], want)
+    assert (got[:d] == 7).all() and (got[33 * d:] == 7).all()
+
 def bf16_path(monkeypatch, path: str) -> None:
     """Set ``SPARSE_PATTERNS_BF16`` for ``path``: ``amx`` is ``auto`` on a CPU with AMX."""
     monkeypatch.setenv("SPARSE_PATTERNS_BF16", "auto" if path == "amx" else path)

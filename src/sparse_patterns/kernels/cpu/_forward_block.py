@@ -21,6 +21,7 @@ from ._blas import _N, _T, _gemm
 from ._convert import _narrow16, _widen16
 from ._llvm import _BLOCK, _LOG2E, _copy, _prefetch, _transpose16, _wide, _zero
 from ._llvm_fwd import (
+    _PV_KEYS_BF16,
     _exp32,
     _exp32_bf16,
     _pv32_amx,
@@ -96,9 +97,17 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
     # them from there, so that the float32 rows of ``o1`` are read but never written
     words = inplace and last and ow.size > 0
     oo = (base + qmap[x0]) * d  # the block's first row in o1 (ow) where in place
+    # bf16 words in and out of P V itself: where the block is one chunk of one P V key
+    # block, which starts the softmax or continues the state's words (``swin``), P V reads
+    # O from those words (or not at all) and writes the output's words, no pass before or
+    # after (the same bits)
+    direct = (words and bf == 1 and d % 32 == 0 and t1 - t0 <= chunk
+              and (t1 - t0) * 32 <= _PV_KEYS_BF16 and (first or swin))
     if words:
         ob, ooff = obuf, 0
-        if first:
+        if direct:
+            pass
+        elif first:
             _zero(obuf, 0, rows * d)
         elif swin:
             _widen16(sws[oo:], obuf, 0, rows * d, True)
@@ -238,13 +247,17 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
                             if run else -1, roff[:0], c1 - c0, 32 * dw)
                 _pv32_amx(va, koff, sbuf, ob, ooff, alpha, post, nk, d, vbuf[vbuf.size // 2:],
                           kbuf[kbuf.size // 2:], roff[block:], ob, ooff)
+            elif direct and first:  # O is 0: not read
+                _pv32_dense_bf16(va, koff, sbuf, obuf, 0, alpha, post, lo, hi, d, ow, oo, True)
+            elif direct:
+                _pv32_dense_bf16(va, koff, sbuf, sws, oo, alpha, post, lo, hi, d, ow, oo, False)
             elif bf:
                 _pv32_dense_bf16(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff,
                                  first and c0 == t0)
             else:
                 _pv32_dense(va, koff, sbuf, ob, ooff, alpha, post, lo, hi, d, ob, ooff,
                             first and c0 == t0)  # in place (O is 0 in a group's first chunk)
-            if bf and words and final:
+            if bf and words and final and not direct:
                 _narrow16(obuf, ow[oo:], 0, rows * d, True)
             if nq >= 0 and c0 == t0:  # the keys and values of the next block's last tile
                 tn0, tn1 = tile_ptr[p * nb + I + 1], tile_ptr[p * nb + I + 2]

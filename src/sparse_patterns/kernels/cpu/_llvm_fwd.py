@@ -45,6 +45,7 @@ from ._llvm import (
     _EXP2_POLY,
     _EXP2_POLY_BF16,
     _bf16_ok,
+    _BFloat,
     _emit_exp2,
     _lane_order,
     _mac,
@@ -165,6 +166,28 @@ def _pv_codegen(bf16: bool = False):
         L = 16 if isinstance(et, ir.FloatType) else 8  # lanes of a 512-bit vector
         vt = ir.VectorType(et, L)
         i64 = ir.IntType(64)
+        # bf16: O read from (written to) bf16 words where obuf (dbuf) holds uint16
+        wt = ir.VectorType(ir.IntType(16), L)
+        words_in = bf16 and signature.args[3].dtype == types.uint16
+        words_out = bf16 and signature.args[10].dtype == types.uint16
+        if words_out:  # then the caller runs one key block, which is the last
+            dp_words, dp = dp, None
+
+        def load_o(ptr, off, words):  # 16 columns of an O row
+            if not words:
+                return builder.load(vec(ptr, off), align=4)
+            w = builder.load(builder.bitcast(builder.gep(ptr, [off]), wt.as_pointer()), align=2)
+            bits = builder.shl(builder.zext(w, ir.VectorType(ir.IntType(32), L)),
+                               ir.Constant(ir.VectorType(ir.IntType(32), L), [16] * L))
+            return builder.bitcast(bits, vt)
+
+        def store_o(x, off):  # rounded to bf16 words where the output is words
+            if not words_out:
+                builder.store(x, vec(dp, off), align=4)
+                return
+            w = builder.bitcast(builder.fptrunc(x, ir.VectorType(_BFloat(), L)), wt)
+            builder.store(w, builder.bitcast(builder.gep(dp_words, [off]), wt.as_pointer()),
+                          align=2)
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt] * 3),
                                              f"llvm.fma.v{L}{'f32' if L == 16 else 'f64'}")
 
@@ -209,7 +232,6 @@ def _pv_codegen(bf16: bool = False):
                 with builder.if_then(mine):
                     first = builder.icmp_signed("==", kb, kf)
                     last = builder.icmp_signed("==", kb, kl)
-                    src = builder.select(first, op, dp)
                     one = ir.Constant(et, 1.0)
                     orows = [builder.add(builder.mul(row(g, u), d_), c0) for u in range(G)]
                     lanes = bf16 and W == 2  # pairs by in-lane unpacks (_row_pairs)
@@ -222,13 +244,19 @@ def _pv_codegen(bf16: bool = False):
                             for u in range(G):
                                 a = builder.load(builder.gep(ap, [row(g, u)]))
                                 a = _splat(builder, builder.select(first, a, one), vt)
-                                xs = [builder.load(vec(src, builder.add(orows[u], i64(L * c))),
-                                                   align=4) for c in range(W)]
-                                if lanes:  # O's columns in order where the block starts,
-                                    # else the partial sums as the key block before left them
-                                    ys = _lane_order(builder, *xs)
-                                    xs = [builder.select(first, y, x)
-                                          for x, y in zip(xs, ys, strict=True)]
+                                offs = [builder.add(orows[u], i64(L * c)) for c in range(W)]
+                                if words_in or words_out:  # O from obuf (one key block)
+                                    xs = [load_o(op, off, words_in) for off in offs]
+                                    if lanes:
+                                        xs = _lane_order(builder, *xs)
+                                else:
+                                    src = builder.select(first, op, dp)
+                                    xs = [load_o(src, off, False) for off in offs]
+                                    if lanes:  # O's columns in order where the block starts,
+                                        # else the partial sums as the key block before left them
+                                        ys = _lane_order(builder, *xs)
+                                        xs = [builder.select(first, y, x)
+                                              for x, y in zip(xs, ys, strict=True)]
                                 for c in range(W):
                                     builder.store(builder.fmul(xs[c], a), acc[u][c])
                     ja = pick(">", j0, kb)
@@ -259,8 +287,7 @@ def _pv_codegen(bf16: bool = False):
                             ys = _lane_order(builder, *xs, back=True)
                             xs = [builder.select(last, y, x) for x, y in zip(xs, ys, strict=True)]
                         for c in range(W):
-                            builder.store(xs[c], vec(dp, builder.add(orows[u], i64(L * c))),
-                                          align=4)
+                            store_o(xs[c], builder.add(orows[u], i64(L * c)))
 
         # the widest range's end: as many key blocks (at least one)
         endp = cgutils.alloca_once_value(builder, i64(1))
@@ -338,7 +365,16 @@ def _pv32_dense_bf16(typingctx, va, koff, st, obuf, ooff, alpha, post, lo, hi, d
     starts, back where it ends: :func:`._llvm._lane_order`), not by ``vpermt2w``, which
     on an AMD Zen 4 shares a port with half of each ``vdpbf16ps``: on 24 tiles in L1, 87%
     of the bf16 peak against 76%; the forward at n = 16,384 (ABBA, 6 rounds) strided
-    1.035x faster, fixed 1.073x, bits the same."""
+    1.035x faster, fixed 1.073x, bits the same.
+
+    ``obuf`` (``dbuf``) may be ``uint16``: ``O`` is read from bf16 words, widened in
+    registers (written as the bf16 words nearest the float32 sums, as
+    :func:`._convert._narrow16` rounds), where the call covers one key block of
+    :data:`_PV_KEYS_BF16` (``O`` then read from ``obuf`` alone): what the last block of a
+    strided window does with the state words of the residue classes and the output's
+    words, with no pass before or after (AMD Zen 4, n = 16,384, ABBA in one process:
+    strided 1.034x faster over 12 rounds, 1.059x and 1.109x over 8; the window alone
+    1.118x, 128-token documents 1.125x; bits the same)."""
     return (types.none(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff, fresh),
             _pv_codegen(True))
 
