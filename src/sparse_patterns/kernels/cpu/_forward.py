@@ -282,9 +282,9 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
     # 32-token float32 tiles: scores, masks and column max in one pass (_scores32)
     fused = block == 32 and not precise
     maskt = plan.memo("cpu.masks_t", lambda: _masks_t(plan)) if fused else _NO_MASKS
-    ranges = (plan.memo(("cpu.chunk_ranges", chunk), lambda: _chunk_ranges(
-        plan, plan.memo("cpu.group_rows", lambda: _group_rows(maskt)), chunk)) if fused
-        else _NO_RANGES)
+    ranges = (plan.memo(("cpu.chunk_ranges", chunk),
+                        lambda: _chunk_ranges(plan, _group_rows(maskt), chunk))
+              if fused else _NO_RANGES)
     rows = 2 * _LOCAL_ROWS if bf else _LOCAL_ROWS  # a copying item's queries (bf16: half the bytes)
     steps = plan.memo(("cpu.forward", seg, rows), lambda: _forward_steps(plan, seg, rows))
     # with _CHUNK_BYTES > 0 (0, the default: every head at once), a group of several

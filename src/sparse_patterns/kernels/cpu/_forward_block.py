@@ -105,7 +105,7 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
               and (t1 - t0) * 32 <= _PV_KEYS_BF16 and (first or swin))
     if words:
         ob, ooff = obuf, 0
-        if direct:
+        if direct:  # P V reads the state's words (or nothing) and writes ow itself
             pass
         elif first:
             _zero(obuf, 0, rows * d)

@@ -169,9 +169,7 @@ def _pv_codegen(bf16: bool = False):
         # bf16: O read from (written to) bf16 words where obuf (dbuf) holds uint16
         wt = ir.VectorType(ir.IntType(16), L)
         words_in = bf16 and signature.args[3].dtype == types.uint16
-        words_out = bf16 and signature.args[10].dtype == types.uint16
-        if words_out:  # then the caller runs one key block, which is the last
-            dp_words, dp = dp, None
+        words_out = bf16 and signature.args[10].dtype == types.uint16  # one key block
 
         def load_o(ptr, off, words):  # 16 columns of an O row
             if not words:
@@ -186,8 +184,7 @@ def _pv_codegen(bf16: bool = False):
                 builder.store(x, vec(dp, off), align=4)
                 return
             w = builder.bitcast(builder.fptrunc(x, ir.VectorType(_BFloat(), L)), wt)
-            builder.store(w, builder.bitcast(builder.gep(dp_words, [off]), wt.as_pointer()),
-                          align=2)
+            builder.store(w, builder.bitcast(builder.gep(dp, [off]), wt.as_pointer()), align=2)
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt] * 3),
                                              f"llvm.fma.v{L}{'f32' if L == 16 else 'f64'}")
 
