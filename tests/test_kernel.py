@@ -397,39 +397,75 @@ def test_pieces_run_head_by_head_match_the_oracle(heads_per_run, dtype, mode, mo
     """strided's residue piece (copied per work item) and its window (in place) run on a
     few heads at a time when the heads' rows exceed ``_CHUNK_BYTES``: every piece once
     per run of heads, the state kept in normal stores between them; the output and
-    log-sum-exp are the dense oracle's. In multihead mode (a piece per group) every head
-    runs in one call."""
+    log-sum-exp are the dense oracle's. Where the budget holds every head, or not even
+    one, both pieces run in one call over every head, a thread taking each head through
+    both (``_forward_two``), the state sent to memory. In multihead mode (a piece per
+    group) every head runs in one call a piece."""
     from sparse_patterns.kernels.cpu import _forward as fw
 
     B, H, n, d = 2, 3, 1024, 64
     calls = []
 
-    def spy(*args):
-        names = inspect.signature(piece.py_func).parameters
-        kw = dict(zip(names, args, strict=True))
-        calls.append((kw["bh0"], kw["bh1"], kw["nt"]))
-        return piece(*args)
+    def spy(fn, tag):
+        names = list(inspect.signature(fn.py_func).parameters)
 
-    piece = fw._forward_piece
-    monkeypatch.setattr(fw, "_forward_piece", spy)
+        def call(*args):
+            kw = dict(zip(names, args, strict=True))
+            calls.append((tag, kw["bh0"], kw["bh1"], kw.get("nt", True)))
+            return fn(*args)
+        return call
+
+    monkeypatch.setattr(fw, "_forward_piece", spy(fw._forward_piece, "piece"))
+    monkeypatch.setattr(fw, "_forward_two", spy(fw._forward_two, "two"))
     monkeypatch.setattr(fw, "_CHUNK_BYTES", heads_per_run * 4 * n * d * np.dtype(dtype).itemsize)
     pat = sps.make("strided", n, stride=32)
     pl = plan(pat, mode=mode, block=32)
     assert pl.num_pieces == 2
     check(pat, mode, dtype, H=H, d=d, block=32, B=B)
     if mode == "multihead":  # a piece per group: nothing passes from one piece to another
-        assert calls == [(0, B * H, True)] * 2
+        assert calls == [("piece", 0, B * H, True)] * 2
         return
-    runs = sorted({(a, b) for a, b, _ in calls})
+    runs = sorted({(a, b) for _, a, b, _ in calls})
     assert runs == [(a, min(B * H, a + heads_per_run)) for a in range(0, B * H, heads_per_run)]
-    assert len(calls) == 2 * len(runs) and not any(nt for _, _, nt in calls)
+    assert len(calls) == 2 * len(runs) and not any(nt for *_, nt in calls)
     for budget in (1 << 40, 4 * n * d * np.dtype(dtype).itemsize - 1):
-        # every head in one call, the state sent to memory: the budget holds every head,
-        # or not even one
         calls.clear()
         monkeypatch.setattr(fw, "_CHUNK_BYTES", budget)
         check(pat, mode, dtype, H=H, d=d, block=32, B=B)
-        assert calls == [(0, B * H, True)] * 2
+        assert calls == [("two", 0, B * H, True)]
+
+
+@pytest.mark.parametrize("name, n, params", [
+    ("strided", 1000, {"stride": 40}),  # partial last block and tiles
+    ("strided", 2048, {"stride": 64}),
+])
+@pytest.mark.parametrize("bf", [False, True])
+def test_pieces_by_head_change_nothing(name, n, params, bf, monkeypatch):
+    """Both of strided's pieces on one head per thread (``_forward_two``, ``_BY_HEAD``) give
+    the outputs and log-sum-exp of each piece over every head in a call of its own, bit for
+    bit: float32, and bf16 products with the output as float32 or as bf16 words (the state
+    handed over as words), on more heads than threads."""
+    from sparse_patterns.kernels.cpu import _forward as fw
+    from sparse_patterns.kernels.cpu import bf16_applies, forward, forward_bf16
+
+    pl = plan(sps.make(name, n, **params), mode="merged", block=32)
+    rng = np.random.default_rng(n)
+    x = [rng.standard_normal((2, 3, n, 64), dtype=np.float32) for _ in range(3)]
+    w = [(a.view(np.uint32) >> 16).astype(np.uint16) for a in x]
+    if bf and not bf16_applies(pl, 64):
+        pytest.skip("no bf16 products for this plan here")
+
+    def run():
+        if not bf:
+            return [np.array(a, copy=True) for a in forward(*x, pl, scale=0.125)]
+        return [np.array(a, copy=True) for words in (False, True)
+                for a in forward_bf16(*w, pl, scale=0.125, words=words)]
+
+    on = run()
+    monkeypatch.setattr(fw, "_BY_HEAD", False)
+    off = run()
+    for a, b in zip(on, off, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("mode", ["merged", "multihead"])

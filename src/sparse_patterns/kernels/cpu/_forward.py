@@ -22,7 +22,8 @@ Two consecutive pieces of a group with the same query order that copy nothing (f
 blocks and its summary keys) run block by block in one pass (:func:`_forward_pair`),
 so that a block's state passes from one to the other in the cache; pieces that neither
 pair nor reorder (strided's residue classes, then its window) run over every head at
-once, a work item's state stored with non-temporal stores (head by head, where a head's
+once, a thread taking a head through both (:func:`_forward_two`), a work item's state
+stored with non-temporal stores (head by head, where a head's
 rows fit ``_CHUNK_BYTES``, was the slower order when last measured; off by default).
 While a block or work item computes, it asks for the next one's rows (software
 prefetch, ``_PREFETCH``). Nothing of size ``n x n`` is ever allocated.
@@ -45,6 +46,7 @@ from ._blas import _threads_for, single_threaded_blas
 from ._convert import _narrow16
 from ._forward_block import _qblock
 from ._llvm import (
+    _BLOCK,
     _FM,
     _copy,
     _copy_nt,
@@ -95,6 +97,131 @@ _CHUNK_BYTES = 0
 _PREFETCH = True
 
 
+# strided's two pieces (its residue classes, then its window) head by head, each thread on
+# heads of its own (:func:`_forward_two`), instead of each piece over every head in a
+# parallel loop of its own; False: the latter, for A/B runs. The strided forward at
+# n = 16,384 (B=1, H=8, d=64; AMD Zen 4, 2026-11-28, ABBA in one process, 12 rounds):
+# bf16 products 1.019x faster (median 1.016x), float32 1.022x (median 0.993x: unchanged
+# within the noise); the threads' time waiting for each other (in libgomp) 5.1% of the
+# bf16 forward's samples before, 3.2% after. The state still goes through memory with
+# non-temporal stores: stored normally, for the window to read it from the cache, the bf16
+# forward was 1.2% slower; dynamic scheduling (chunks of one head) changed nothing
+_BY_HEAD = True
+
+
+@numba.njit(cache=True)
+def _item_buffers(n, block, chunk, d, T, span, seg, sw, nt, q1, o1, sws, kperm_used):  # pragma: no cover - compiled
+    """What the work items of a piece (:func:`_piece_item`) share, allocated once a call:
+    the identity orders of a copying item's buffers, each thread's buffers (on cache lines,
+    not per work item; each thread's slices too where ``block`` is a multiple of 16), those
+    of ``seg`` query blocks and ``span`` key blocks where ``span > 0``, each thread's scratch
+    row of words (``sw == 1``), and whether a state row is stored as whole lines."""
+    nb = (n + block - 1) // block
+    local = np.arange(n, dtype=kperm_used.dtype)
+    lstart = np.arange(nb, dtype=np.int64) * block
+    lstep = np.ones(nb, dtype=np.int64)
+    bufs = _thread_buffers(T, block, chunk, d, q1)
+    nkl = span * block if span > 0 else 0
+    nql = seg * block if span > 0 else 0
+    wkl = _aligned(T * 2 * nkl * d, q1).reshape((T, 2, nkl * d))
+    wol = _aligned(T * nql * d, q1).reshape((T, nql * d))
+    wml = _aligned(T * 2 * nql, q1).reshape((T, 2, nql))
+    # a work item's state goes back to rows of ``o1`` scattered in runs of a few: with
+    # ``nt`` (every head in one call: the next piece reads the state from memory either
+    # way), where each row is whole cache lines, stored without reading them first (the
+    # strided forward at n = 16,384 2.3% faster, A/B)
+    whole_lines = nt and (d * o1.itemsize) % 64 == 0 and o1.ctypes.data % 64 == 0
+    dpad = (d + 31) // 32 * 32
+    wsw = _aligned(T * dpad if sw == 1 else 0, sws)  # each thread's scratch row of words
+    if sw == 1:
+        whole_lines = nt and (d * sws.itemsize) % 64 == 0 and sws.ctypes.data % 64 == 0
+    return bufs, (local, lstart, lstep, wkl, wol, wml, wsw, whole_lines)
+
+
+@numba.njit(**_BLOCK)
+def _piece_item(w, wend, bh, q1, k1, v1, o1, ow, m1, l1, n, nb, nseg, d, dw, bf, scale, p, first,
+                last, qperm, kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col,
+                tile_mask, masks, maskt, ranges, fused, pf, block, chunk, seg, precise, sw, sws,
+                bufs, own, tid):  # pragma: no cover - compiled
+    """Work item ``w`` of piece ``p`` (:func:`_forward_piece`) on (batch x head) ``bh``, by
+    thread ``tid`` with its buffers (``own``: :func:`_item_buffers`); with ``pf``, it asks for
+    item ``w + 1``'s rows where ``w + 1 < wend``."""
+    local, lstart, lstep, wkl, wol, wml, wsw, whole_lines = own
+    qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff = _views(bufs, tid)
+    I0 = (w % nseg) * seg
+    I1 = min(nb, I0 + seg)
+    base = bh * n
+    if span > 0:
+        # this work item's keys, values and softmax state, copied into buffers of its
+        # own (one array at a time: see _copy_orders); its query rows are transposed
+        # into Q^T from where they are, block by block (each row is read once either
+        # way; copied first, the strided forward at n = 16,384 was about 1% slower)
+        kx0, kptr, korder, qptr, qorder = copies
+        it = w % nseg
+        roff[block + chunk:] = -1  # the ring's tiles: vl gets new rows
+        x0, kl, vl = kx0[it], wkl[tid, 0], wkl[tid, 1]
+        for t in range(kptr[it], kptr[it + 1]):
+            x = korder[t]
+            _copy(kl, (x - x0) * dw, k1, (base + kperm_used[x]) * dw, dw)
+        for t in range(kptr[it], kptr[it + 1]):
+            x = korder[t]
+            _copy(vl, (x - x0) * dw, v1, (base + kperm_used[x]) * dw, dw)
+        y0 = I0 * block
+        qp, ol, ml, ll = qperm[p], wol[tid], wml[tid, 0], wml[tid, 1]
+        if not first:
+            for t in range(qptr[it], qptr[it + 1]):
+                y = qorder[t]
+                i = base + qp[y]
+                _copy(ol, (y - y0) * d, o1, i * d, d)
+                ml[y - y0] = m1[i]
+                ll[y - y0] = l1[i]
+        # with ``pf``, the next work item's rows of q, k and v, asked for into L2 a
+        # share at a time over this one's query blocks (see _PREFETCH)
+        w2 = w + 1
+        pf_on = pf and w2 < wend
+        it2 = w2 % nseg
+        base2 = (bh + w2 // nseg - w // nseg) * n
+        for I in range(I0, I1):
+            if pf_on:  # block u of the item's I1 - I0 asks for share u of the rows
+                u, nbk = I - I0, I1 - I0
+                for t in range(_share(kptr, it2, u, nbk), _share(kptr, it2, u + 1, nbk)):
+                    src = (base2 + kperm_used[korder[t]]) * dw
+                    _prefetch(k1, src, dw)
+                    _prefetch(v1, src, dw)
+                for t in range(_share(qptr, it2, u, nbk), _share(qptr, it2, u + 1, nbk)):
+                    _prefetch(q1, (base2 + qp[qorder[t]]) * dw, dw)
+            _qblock(q1, base, qp, kl, vl, ol, ow[:0], ml, ll, -y0, -x0, n, d, dw, bf, p, I,
+                    scale, first, last, local, local, lstart, lstep, tile_ptr, tile_col,
+                    tile_mask, masks, maskt, ranges, fused, False, block, chunk, precise,
+                    qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff,
+                    False, sws)
+        for t in range(qptr[it], qptr[it + 1]):
+            y = qorder[t]
+            i = base + qp[y]
+            if last and ow.size > 0:
+                _narrow16(ol[(y - y0) * d:], ow[i * d:], 0, d, True)
+            elif sw == 1 and whole_lines:  # rounded in a scratch row, stored whole
+                dpad = (d + 31) // 32 * 32
+                tw = wsw[tid * dpad: tid * dpad + d]
+                _narrow16(ol[(y - y0) * d:], tw, 0, d, True)
+                _copy_nt(sws, i * d, tw, 0, d)
+            elif sw == 1:
+                _narrow16(ol[(y - y0) * d:], sws[i * d:], 0, d, True)
+            elif whole_lines:
+                _copy_nt(o1, i * d, ol, (y - y0) * d, d)
+            else:
+                _copy(o1, i * d, ol, (y - y0) * d, d)
+            m1[i] = ml[y - y0]
+            l1[i] = ll[y - y0]
+    else:
+        for I in range(I0, I1):
+            _qblock(q1, base, qperm[p], k1, v1, o1, ow, m1, l1, base, base, n, d, dw, bf, p, I,
+                    scale, first, last, qperm[p], kperm_used, kstart, kstep, tile_ptr,
+                    tile_col, tile_mask, masks, maskt, ranges, fused, pf, block, chunk, precise,
+                    qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff,
+                    sw == 2, sws)
+
+
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
 def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G, g, p, first,
                    last, qperm, kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col,
@@ -119,103 +246,49 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
     n = m1.shape[0] // BH
     nb = (n + block - 1) // block
     nseg = (nb + seg - 1) // seg  # work items: (batch x head, run of `seg` query blocks)
-    local = np.arange(n, dtype=kperm_used.dtype)
-    lstart = np.arange(nb, dtype=kstart.dtype) * block
-    lstep = np.ones(nb, dtype=kstep.dtype)
-    # buffers per thread (``T`` threads), allocated once, not per work item, on cache
-    # lines; each thread's slices too where block is a multiple of 16 (the default 32)
-    bufs = _thread_buffers(T, block, chunk, d, q1)
-    nkl = span * block if span > 0 else 0
-    nql = seg * block if span > 0 else 0
-    wkl = _aligned(T * 2 * nkl * d, q1).reshape((T, 2, nkl * d))
-    wol = _aligned(T * nql * d, q1).reshape((T, nql * d))
-    wml = _aligned(T * 2 * nql, q1).reshape((T, 2, nql))
-    # a work item's state goes back to rows of ``o1`` scattered in runs of a few: with
-    # ``nt`` (every head in one call: the next piece reads the state from memory either
-    # way), where each row is whole cache lines, stored without reading them first (the
-    # strided forward at n = 16,384 2.3% faster, A/B)
-    whole_lines = nt and (d * o1.itemsize) % 64 == 0 and o1.ctypes.data % 64 == 0
-    dpad = (d + 31) // 32 * 32
-    wsw = _aligned(T * dpad if sw == 1 else 0, sws)  # each thread's scratch row of words
-    if sw == 1:
-        whole_lines = nt and (d * sws.itemsize) % 64 == 0 and sws.ctypes.data % 64 == 0
+    bufs, own = _item_buffers(n, block, chunk, d, T, span, seg, sw, nt, q1, o1, sws, kperm_used)
     for w in prange((bh1 - bh0) * nseg):
         bh = bh0 + w // nseg
         if (bh % H) % G != g:
             continue
+        _piece_item(w, (bh1 - bh0) * nseg, bh, q1, k1, v1, o1, ow, m1, l1, n, nb, nseg, d, dw,
+                    bf, scale, p, first, last, qperm, kperm_used, kstart, kstep, span, copies,
+                    tile_ptr, tile_col, tile_mask, masks, maskt, ranges, fused, pf, block, chunk,
+                    seg, precise, sw, sws, bufs, own, numba.get_thread_id())
+
+
+@numba.njit(parallel=True, cache=True, fastmath=_FM)
+def _forward_two(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G, g, pa, pb,
+                 qperm, kpa, kta, ksa, span, copies, sega, kpb, ktb, ksb, segb, tile_ptr,
+                 tile_col, tile_mask, masks, maskt, ranges, fused, pf, block, chunk, precise, T,
+                 swa, swb, sws):  # pragma: no cover - compiled
+    """The two pieces ``pa`` (copied: ``span > 0``; it starts the group) then ``pb`` (in
+    place; it ends it) of softmax group ``g``, head by head: a thread runs every work item of
+    ``pa`` on one (batch, head), then those of ``pb``, what two :func:`_forward_piece` calls
+    compute, without the threads waiting for each other between the pieces (``_BY_HEAD``).
+    ``kpa, kta, ksa, sega`` (``kpb, ktb, ksb, segb``): ``pa``'s (``pb``'s) ``kperm_used,
+    kstart, kstep`` and query blocks a work item; ``span, copies``: ``pa``'s; ``swa, swb``:
+    the pieces' ``sw``. The state goes to memory with non-temporal stores (``nt``)."""
+    _wide()
+    n = m1.shape[0] // BH
+    nb = (n + block - 1) // block
+    na = (nb + sega - 1) // sega
+    nbb = (nb + segb - 1) // segb
+    bufs, own = _item_buffers(n, block, chunk, d, T, span, sega, swa, True, q1, o1, sws, kpa)
+    for bh in prange(bh0, bh1):
+        if (bh % H) % G != g:
+            continue
         tid = numba.get_thread_id()
-        qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff = _views(bufs, tid)
-        I0 = (w % nseg) * seg
-        I1 = min(nb, I0 + seg)
-        base = bh * n
-        if span > 0:
-            # this work item's keys, values and softmax state, copied into buffers of its
-            # own (one array at a time: see _copy_orders); its query rows are transposed
-            # into Q^T from where they are, block by block (each row is read once either
-            # way; copied first, the strided forward at n = 16,384 was about 1% slower)
-            kx0, kptr, korder, qptr, qorder = copies
-            it = w % nseg
-            roff[block + chunk:] = -1  # the ring's tiles: vl gets new rows
-            x0, kl, vl = kx0[it], wkl[tid, 0], wkl[tid, 1]
-            for t in range(kptr[it], kptr[it + 1]):
-                x = korder[t]
-                _copy(kl, (x - x0) * dw, k1, (base + kperm_used[x]) * dw, dw)
-            for t in range(kptr[it], kptr[it + 1]):
-                x = korder[t]
-                _copy(vl, (x - x0) * dw, v1, (base + kperm_used[x]) * dw, dw)
-            y0 = I0 * block
-            qp, ol, ml, ll = qperm[p], wol[tid], wml[tid, 0], wml[tid, 1]
-            if not first:
-                for t in range(qptr[it], qptr[it + 1]):
-                    y = qorder[t]
-                    i = base + qp[y]
-                    _copy(ol, (y - y0) * d, o1, i * d, d)
-                    ml[y - y0] = m1[i]
-                    ll[y - y0] = l1[i]
-            # with ``pf``, the next work item's rows of q, k and v, asked for into L2 a
-            # share at a time over this one's query blocks (see _PREFETCH)
-            w2 = w + 1
-            pf_on = pf and w2 < (bh1 - bh0) * nseg
-            it2 = w2 % nseg
-            base2 = (bh0 + w2 // nseg) * n
-            for I in range(I0, I1):
-                if pf_on:  # block u of the item's I1 - I0 asks for share u of the rows
-                    u, nbk = I - I0, I1 - I0
-                    for t in range(_share(kptr, it2, u, nbk), _share(kptr, it2, u + 1, nbk)):
-                        src = (base2 + kperm_used[korder[t]]) * dw
-                        _prefetch(k1, src, dw)
-                        _prefetch(v1, src, dw)
-                    for t in range(_share(qptr, it2, u, nbk), _share(qptr, it2, u + 1, nbk)):
-                        _prefetch(q1, (base2 + qp[qorder[t]]) * dw, dw)
-                _qblock(q1, base, qp, kl, vl, ol, ow[:0], ml, ll, -y0, -x0, n, d, dw, bf, p, I,
-                        scale, first, last, local, local, lstart, lstep, tile_ptr, tile_col,
-                        tile_mask, masks, maskt, ranges, fused, False, block, chunk, precise,
-                        qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff,
-                        False, sws)
-            for t in range(qptr[it], qptr[it + 1]):
-                y = qorder[t]
-                i = base + qp[y]
-                if last and ow.size > 0:
-                    _narrow16(ol[(y - y0) * d:], ow[i * d:], 0, d, True)
-                elif sw == 1 and whole_lines:  # rounded in a scratch row, stored whole
-                    tw = wsw[tid * dpad: tid * dpad + d]
-                    _narrow16(ol[(y - y0) * d:], tw, 0, d, True)
-                    _copy_nt(sws, i * d, tw, 0, d)
-                elif sw == 1:
-                    _narrow16(ol[(y - y0) * d:], sws[i * d:], 0, d, True)
-                elif whole_lines:
-                    _copy_nt(o1, i * d, ol, (y - y0) * d, d)
-                else:
-                    _copy(o1, i * d, ol, (y - y0) * d, d)
-                m1[i] = ml[y - y0]
-                l1[i] = ll[y - y0]
-        else:
-            for I in range(I0, I1):
-                _qblock(q1, base, qperm[p], k1, v1, o1, ow, m1, l1, base, base, n, d, dw, bf, p, I,
-                        scale, first, last, qperm[p], kperm_used, kstart, kstep, tile_ptr,
-                        tile_col, tile_mask, masks, maskt, ranges, fused, pf, block, chunk, precise,
-                        qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff,
-                        sw == 2, sws)
+        for it in range(na):
+            _piece_item(it, na, bh, q1, k1, v1, o1, ow, m1, l1, n, nb, na, d, dw, bf, scale, pa,
+                        True, False, qperm, kpa, kta, ksa, span, copies, tile_ptr, tile_col,
+                        tile_mask, masks, maskt, ranges, fused, pf, block, chunk, sega, precise,
+                        swa, sws, bufs, own, tid)
+        for it in range(nbb):
+            _piece_item(it, nbb, bh, q1, k1, v1, o1, ow, m1, l1, n, nb, nbb, d, dw, bf, scale, pb,
+                        False, True, qperm, kpb, ktb, ksb, 0, copies, tile_ptr, tile_col,
+                        tile_mask, masks, maskt, ranges, fused, pf, block, chunk, segb, precise,
+                        swb, sws, bufs, own, tid)
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
@@ -300,6 +373,18 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
     T = numba.get_num_threads()
     sw = _state_words(steps, groups) if bf else [0] * len(steps)
     sws = (ow if ow.size else _buffer((o1.size,), np.uint16)) if 1 in sw else ow[:0]
+    # one group of two pieces, the first copied, the second in place (strided's residue
+    # classes, then its window), every head at once: a thread takes a head through both
+    if (_BY_HEAD and hc == BH and len(steps) == 2 and groups[steps[0][0]] == groups[steps[1][0]]
+            and steps[0][1] and steps[1][2] and steps[0][3] > 0 and steps[1][3] == 0
+            and steps[0][5] is None and steps[1][5] is None and not steps[0][10]):
+        a, b = steps
+        _forward_two(q1, k1, v1, o1, ow, m1, l1, BH, 0, BH, H, d, dw, bf, scale, G, groups[a[0]],
+                     a[0], b[0], plan.qperm, a[8], a[6], a[7], a[3], a[9], a[4], b[8], b[6], b[7],
+                     b[4], plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks, maskt,
+                     ranges, fused, _PREFETCH, block, chunk, precise, T, sw[0], sw[1],
+                     sws)
+        return
     for bh0 in range(0, BH, hc):
         bh1 = min(BH, bh0 + hc)
         pending = None  # a piece held back to run together with the next one (_forward_pair)
