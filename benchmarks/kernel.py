@@ -25,9 +25,9 @@ timings are interleaved: each of ``--rounds`` rounds times every quantity once
 (the best of ``--repeats`` calls; SDPA, 2 s a call, once), the two sides of a ratio
 one right after the other, the order of the list reversed every other round. Each
 figure is printed from the best times over all rounds, then as the median and range
-over the rounds of the same figure taken within one round. Our kernel is more sensitive than SDPA or the matmul to other tenants'
-memory traffic (its time can double while theirs grows by a third), so the two
-can differ.
+over the rounds of the same figure taken within one round. Our kernel is more sensitive
+than SDPA or the matmul to other tenants' memory traffic (its time can double while
+theirs grows by a third), so the two can differ.
 Nothing here is asserted: the targets are printed next to the figures.
 """
 

@@ -114,7 +114,6 @@ PRODUCTS = [pytest.param("products", marks=needs_bf16_products),
             pytest.param("amx", marks=needs_amx)]
 
 
-
 @needs_bf16_products
 @pytest.mark.parametrize("fresh", [True, False])
 def test_pv_on_words_equals_widen_pv_narrow(fresh):
@@ -160,6 +159,7 @@ def test_pv_on_words_equals_widen_pv_narrow(fresh):
     by_words(va, st, state, alpha, post, lo, hi, d, np.zeros(32 * d, np.float32), got, fresh)
     np.testing.assert_array_equal(got[d: 33 * d], want)
     assert (got[:d] == 7).all() and (got[33 * d:] == 7).all()
+
 
 def bf16_path(monkeypatch, path: str) -> None:
     """Set ``SPARSE_PATTERNS_BF16`` for ``path``: ``amx`` is ``auto`` on a CPU with AMX."""

@@ -557,7 +557,6 @@ def test_group_rows_bound_what_each_query_group_sees():
             assert tuple(rows[m, g]) == want, (m, g)
 
 
-
 @pytest.mark.parametrize("chunk", [1, 2, 24])
 def test_chunk_ranges_bound_what_each_query_group_sees_in_each_chunk(chunk):
     """For every chunk of ``chunk`` tiles of every query block of every piece,

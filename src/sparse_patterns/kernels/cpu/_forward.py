@@ -268,7 +268,8 @@ def _forward_two(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, 
     compute, without the threads waiting for each other between the pieces (``_BY_HEAD``).
     ``kpa, kta, ksa, sega`` (``kpb, ktb, ksb, segb``): ``pa``'s (``pb``'s) ``kperm_used,
     kstart, kstep`` and query blocks a work item; ``span, copies``: ``pa``'s; ``swa, swb``:
-    the pieces' ``sw``. The state goes to memory with non-temporal stores (``nt``)."""
+    the pieces' ``sw``. ``pa`` stores its state with non-temporal stores, as
+    :func:`_forward_piece` with ``nt`` does."""
     _wide()
     n = m1.shape[0] // BH
     nb = (n + block - 1) // block
@@ -373,12 +374,12 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
     T = numba.get_num_threads()
     sw = _state_words(steps, groups) if bf else [0] * len(steps)
     sws = (ow if ow.size else _buffer((o1.size,), np.uint16)) if 1 in sw else ow[:0]
-    # one group of two pieces, the first copied, the second in place (strided's residue
-    # classes, then its window), every head at once: a thread takes a head through both
-    if (_BY_HEAD and hc == BH and len(steps) == 2 and groups[steps[0][0]] == groups[steps[1][0]]
-            and steps[0][1] and steps[1][2] and steps[0][3] > 0 and steps[1][3] == 0
-            and steps[0][5] is None and steps[1][5] is None and not steps[0][10]):
-        a, b = steps
+    # one group of two pieces (the first starts it, the second ends it), the first copied
+    # (so neither reordered nor paired), the second in place (strided's residue classes,
+    # then its window), every head at once: a thread takes a head through both
+    a, b = steps if len(steps) == 2 else (None, None)
+    if (_BY_HEAD and hc == BH and a is not None and groups[a[0]] == groups[b[0]] and a[3] > 0
+            and b[3] == 0 and b[5] is None):
         _forward_two(q1, k1, v1, o1, ow, m1, l1, BH, 0, BH, H, d, dw, bf, scale, G, groups[a[0]],
                      a[0], b[0], plan.qperm, a[8], a[6], a[7], a[3], a[9], a[4], b[8], b[6], b[7],
                      b[4], plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks, maskt,

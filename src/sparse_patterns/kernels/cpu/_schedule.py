@@ -60,7 +60,6 @@ def _block_steps(perm, block):  # pragma: no cover - compiled
     return start, step
 
 
-
 def _residues(plan) -> np.ndarray:
     """``s`` for each ``residue(s)`` piece whose key order is exactly the ``i mod s``
     grouping (0 for other pieces)."""
@@ -253,7 +252,6 @@ def _group_rows(maskt: np.ndarray) -> np.ndarray:
     first = np.where(seen.any(-1), seen.argmax(-1), 32)
     last = np.where(seen.any(-1), 32 - seen[..., ::-1].argmax(-1), 0)
     return np.ascontiguousarray(np.stack([first, last], axis=-1).reshape(-1), dtype=np.int64)
-
 
 
 @numba.njit(cache=True)
