@@ -13,13 +13,16 @@ from strategies import random_patterns as _random_patterns
 import sparse_patterns as sps
 from sparse_patterns import Pattern
 from sparse_patterns.kernels import (
-    IMPLS,
+    Backend,
     Impl,
     attention,
     attention_backward,
+    backend_names,
+    get_backend,
     plan,
-    register_impl,
+    register_backend,
 )
+from sparse_patterns.kernels.backend import unregister
 from sparse_patterns.kernels.reference import reference_backward
 from sparse_patterns.testing import attention_masks, attention_oracle
 
@@ -788,19 +791,22 @@ def test_nan_key_poisons_only_the_rows_that_attend_it(block, dtype, key):
 def test_injected_wrong_kernel_is_caught():
     pat = sps.make("strided", 24, stride=4)
 
-    def wrong(q, k, v, pattern, **kw):
-        out = IMPLS["numba"](q, k, v, pattern, **kw)
-        if kw.get("return_lse"):
-            return out[0] + 1e-3, out[1]
-        return out + 1e-3
+    class Wrong(Backend):
+        name = "wrong"
 
-    register_impl("wrong", wrong)
+        def forward(self, q, k, v, plan, **kw):
+            out = get_backend("numba").forward(q, k, v, plan, **kw)
+            if kw.get("return_lse"):
+                return out[0] + 1e-3, out[1]
+            return out + 1e-3
+
+    register_backend(Wrong())
     try:
-        assert "wrong" in IMPLS
+        assert "wrong" in backend_names()
         with pytest.raises(AssertionError):
             check(pat, "merged", np.float64, impl="wrong", block=8)
     finally:
-        del IMPLS["wrong"]
+        unregister("wrong")
 
 
 def test_impl_enum_and_unknown_impl():

@@ -141,8 +141,8 @@ def _broken(orig, *, row=None):
 
 @pytest.mark.parametrize("row", [None, 77])
 def test_wrong_kernel_is_reported_wrong_not_fast(monkeypatch, row):
-    monkeypatch.setitem(kernels.IMPLS, "reference",
-                        _broken(kernels.IMPLS["reference"], row=row))
+    be = kernels.get_backend("reference")
+    monkeypatch.setattr(be, "forward", _broken(be.forward, row=row))
     t = profile(["strided", "fixed"], [96], impls=("numba", "reference"), baselines=(),
                 params={"stride": 8}, **FAST)
     for r in t:
@@ -162,8 +162,8 @@ def test_wrong_kernel_caught_on_sampled_rows(monkeypatch):
     """Above 1024 rows the oracle samples rows; the first and the last are always in."""
     monkeypatch.setattr(prof, "_ALL_ROWS", 32)
     monkeypatch.setattr(prof, "_SAMPLED_ROWS", 8)
-    monkeypatch.setitem(kernels.IMPLS, "reference",
-                        _broken(kernels.IMPLS["reference"], row=-1))
+    be = kernels.get_backend("reference")
+    monkeypatch.setattr(be, "forward", _broken(be.forward, row=-1))
     t = profile(["strided"], [64], impls=("reference",), baselines=(), params={"stride": 8},
                 **FAST)
     m = t[0].get("reference")
@@ -357,6 +357,6 @@ def test_bad_device_and_flex_without_torch(monkeypatch):
     with pytest.raises(ValueError, match=r"^device: .*'tpu'"):
         profile(["strided"], [64], device="tpu", baselines=())
     monkeypatch.setitem(sys.modules, "torch", None)
-    monkeypatch.delitem(kernels.IMPLS, "flex", raising=False)
+    monkeypatch.setattr(kernels.backend, "_LOADED", {})
     with pytest.raises(ValueError, match=r"^impl: 'flex' needs torch"):
         profile(["strided"], [64], impls=("flex",), baselines=(), params={"stride": 8})

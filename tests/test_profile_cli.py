@@ -72,7 +72,8 @@ def test_bad_input_exits_2_with_one_line(args, message):
 
 
 def test_wrong_kernel_exits_1(monkeypatch):
-    orig = kernels.IMPLS["reference"]
+    be = kernels.get_backend("reference")
+    orig = be.forward
 
     def broken(*args, **kwargs):
         res = orig(*args, **kwargs)
@@ -80,7 +81,7 @@ def test_wrong_kernel_exits_1(monkeypatch):
             return (res[0] + 0.5, *res[1:])
         return res + 0.5
 
-    monkeypatch.setitem(kernels.IMPLS, "reference", broken)
+    monkeypatch.setattr(be, "forward", broken)
     r = run("strided", "--n", "32", "--stride", "4", *FAST)
     assert r.exit_code == 1
     assert "reference is WRONG" in r.stdout and "error: wrong output or failure: reference on strided n=32" in r.stderr

@@ -21,7 +21,8 @@ import sparse_patterns as sps
 from sparse_patterns import config
 from sparse_patterns._validate import NO_LOWER_BOUND, check_int
 from sparse_patterns.catalog import CATALOG, Param
-from sparse_patterns.kernels import IMPLS, attention, plan, register_impl
+from sparse_patterns.kernels import Backend, attention, get_backend, plan, register_backend
+from sparse_patterns.kernels.backend import unregister
 from sparse_patterns.kernels.cpu._blas import _openblas_controls, blas_thread_counts
 from sparse_patterns.kernels.reference import (
     reference_backward,
@@ -263,12 +264,16 @@ def test_unknown_impl_rejected_when_the_module_is_made():
     with pytest.raises(ValueError, match="impl: unknown implementation 'numab'"):
         sparse_attention(q, q, q, pat, impl="numab")
     assert SparseAttention(pat, impl=Impl.REFERENCE).impl == "reference"
-    register_impl("forward_only", IMPLS["reference"])  # no backward: cannot train
+    class ForwardOnly(Backend):  # no backward: cannot train
+        name, has_backward = "forward_only", False
+        forward = get_backend("reference").forward
+
+    register_backend(ForwardOnly())
     try:
         with pytest.raises(ValueError, match="impl: unknown implementation 'forward_only'"):
             SparseAttention(pat, impl="forward_only")
     finally:
-        del IMPLS["forward_only"]
+        unregister("forward_only")
 
 
 # ------------------------------------------------------------------ 4. BLAS threads

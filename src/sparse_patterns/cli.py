@@ -487,15 +487,18 @@ def profile_cmd(
     ctx: typer.Context,
     n: str = typer.Option(None, "--n", help="Sequence lengths, comma-separated: 4096,16384."),
     impls: str = typer.Option(
-        "numba", "--impls", "--impl",
-        help="Our implementations, comma-separated: numba, flex, cuda, reference."),
+        "auto", "--impls", "--impl",
+        help="Our backends, comma-separated: auto (numba on cpu, torch on cuda), numba, "
+             "torch, flex, cuda, reference."),
     baselines: str = typer.Option(
         "sdpa,flex", "--baselines", help="Baselines, comma-separated: sdpa, flex (or none)."
     ),
     batch: int = _int("batch", 1, "Batch size B", 1, 1 << 16),
     heads: int = _int("heads", 8, "Attention heads H", 1, 1 << 16),
     head_dim: int = _int("head_dim", 64, "Head dimension d", 1, 1 << 14),
-    dtype: str = typer.Option("float32", "--dtype", help="float32, float64, float16 or bfloat16."),
+    dtype: str = typer.Option(
+        None, "--dtype",
+        help="float32, float64, float16 or bfloat16 (default: float32 on cpu, bfloat16 on cuda)."),
     mode: str = typer.Option("merged", "--mode", help="merged (union) or multihead."),
     repeats: int = _int("repeats", 5, "Timed calls after the warm-up", 1, 1000),
     device: str = typer.Option(
@@ -509,7 +512,7 @@ def profile_cmd(
     """Time patterns in our kernels next to torch SDPA and FlexAttention (CPU or CUDA).
 
     Usage: patterns profile strided fixed full --n 4096,16384 [--stride sqrt ...]
-    [--impl numba,flex,cuda] [--device cpu|cuda].
+    [--impl auto,numba,torch,flex,cuda] [--device cpu|cuda].
     Pattern names come first; pattern parameters (--stride sqrt, --c 16,
     --no-causal) apply to every named pattern that takes them. Each runner's
     output is checked against an exact oracle before it is timed; a wrong one

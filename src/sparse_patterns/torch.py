@@ -1,13 +1,12 @@
 """Torch integration: :class:`SparseAttention`, an ``nn.Module`` that trains on the CPU.
 
-The module runs :func:`sparse_patterns.kernels.attention` (forward, saving the
-log-sum-exp) and :func:`sparse_patterns.kernels.attention_backward` (gradients by
-recomputation, no ``n x n`` storage) inside a ``torch.autograd.Function``.
-``impl="flex"`` bypasses that function: it runs
-:func:`sparse_patterns.kernels.flex.flex_attention_plan` (FlexAttention on each
-piece of the plan, in the piece's block-compact order, merged by log-sum-exp),
-whose every step is a torch operation, so torch autograd differentiates it
-(FlexAttention's own backward: on a GPU; on the CPU its eager operator, small n).
+The module runs its backend's forward (saving the log-sum-exp) and backward
+(gradients by recomputation, no ``n x n`` storage) inside a
+``torch.autograd.Function``. A backend that torch autograd differentiates
+(``Backend.autograd``: ``"torch"``, the plan's pieces on PyTorch's attention
+kernels with their own backwards; ``"flex"``) bypasses that function. ``impl="auto"``
+(the default) picks the backend by the tensors' device when called: ``"torch"`` on
+CUDA, ``"numba"`` on the CPU.
 
 Its backward is itself differentiable, exactly: under ``create_graph=True`` (a
 gradient penalty, a Hessian-vector product) the gradients are recomputed with
@@ -27,30 +26,32 @@ import numpy as np
 import torch
 
 from . import config
-from .kernels import BACKWARD_IMPLS, BLOCK, IMPLS, Impl, attention, attention_backward, plan
+from .kernels import attention, attention_backward, backend_names, get_backend, plan
+from .kernels.backend import choose
 from .pattern import Pattern
 
 __all__ = ["SparseAttention", "sparse_attention"]
 
 
-#: Implementations differentiated by torch autograd instead of the autograd.Function.
-_AUTOGRAD_IMPLS = ("flex",)
-
-
 def _check_impl(impl: Any) -> str:
-    """The name of ``impl`` if it has a forward and a backward; a one-line ``ValueError`` if not."""
-    name = impl.value if isinstance(impl, Impl) else impl
-    if name == "flex":
-        from .kernels import flex  # noqa: PLC0415 - checks torch's FlexAttention
-
-        flex._api()
+    """The name of ``impl`` if it can train (a backward, or torch autograd); a one-line
+    ``ValueError`` if not."""
+    name = getattr(impl, "value", impl)
+    if name == "auto":
         return name
-    valid = [k for k in IMPLS if k in BACKWARD_IMPLS]
-    valid += [k for k in _AUTOGRAD_IMPLS if k not in valid]
+    valid = ["auto"]
+    for k in backend_names():
+        try:
+            be = get_backend(k)
+        except (ImportError, ValueError):
+            continue
+        if be.has_backward or be.autograd:
+            valid.append(k)
     if not isinstance(name, str) or name not in valid:
         raise ValueError(
             f"impl: unknown implementation {impl!r}; valid (with a backward): {', '.join(valid)}"
         )
+    get_backend(name).require()  # a library it needs: one line, when the module is made
     return name
 
 
@@ -165,33 +166,24 @@ class _SparseAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
-def _default_block(impl: str, block: int | None) -> int:
-    """``block``, or the default tile size of ``impl`` (FlexAttention's 128 for ``"flex"``)."""
-    if block is not None:
-        return block
-    if impl == "flex":
-        from .kernels.flex import FLEX_BLOCK  # noqa: PLC0415
-
-        return FLEX_BLOCK
-    return BLOCK
-
-
-def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, execution_plan: Any,
-          pattern: Pattern, scale: float | None) -> torch.Tensor:
-    from .kernels.flex import flex_attention_plan  # noqa: PLC0415
-
-    return flex_attention_plan(q, k, v, execution_plan, scale=scale, pattern=pattern)
+def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: Pattern, mode: str,
+         scale: float | None, impl: str, block: int | None) -> torch.Tensor:
+    """The backend for these tensors (``impl``, or ``"auto"`` by their device), its plan at
+    ``block`` or the backend's default there, and the differentiable call."""
+    be, pat, pl = choose(impl, {"q": q, "k": k, "v": v}, pattern, mode, block)
+    if be.autograd:
+        return be.differentiable(q, k, v, pl, pattern=pat, scale=scale)
+    return _SparseAttentionFunction.apply(q, k, v, pl, pattern, scale, be.name)
 
 
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: Pattern, *,
-                     mode: str = "multihead", scale: float | None = None, impl: str = "numba",
+                     mode: str = "multihead", scale: float | None = None, impl: str = "auto",
                      block: int | None = None) -> torch.Tensor:
     """Differentiable sparse attention on ``(B, H, n, d)`` tensors.
 
     Parameters and conventions as :func:`sparse_patterns.kernels.attention`;
-    gradients flow to ``q``, ``k`` and ``v``. ``block`` defaults to
-    :data:`~sparse_patterns.kernels.BLOCK`, or to 128 for ``impl="flex"``
-    (FlexAttention's block on a GPU, where the tile size must be a multiple of it).
+    gradients flow to ``q``, ``k`` and ``v``. ``block`` defaults to the backend's
+    tile size on the tensors' device (32 on the CPU, 128 on CUDA).
 
     Examples
     --------
@@ -202,11 +194,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     >>> x.grad.shape
     torch.Size([1, 2, 16, 8])
     """
-    impl = _check_impl(impl)
-    pl = plan(pattern, block=_default_block(impl, block), mode=mode)
-    if impl in _AUTOGRAD_IMPLS:
-        return _flex(q, k, v, pl, pattern, scale)
-    return _SparseAttentionFunction.apply(q, k, v, pl, pattern, scale, impl)
+    return _run(q, k, v, pattern, mode, scale, _check_impl(impl), block)
 
 
 class SparseAttention(torch.nn.Module):
@@ -224,15 +212,13 @@ class SparseAttention(torch.nn.Module):
     scale : float, optional
         Score scale, ``1 / sqrt(d)`` by default.
     impl : str
-        ``"numba"`` (default), ``"flex"`` (FlexAttention on the plan's pieces,
-        differentiated by torch autograd: trains on a GPU, see
-        :mod:`sparse_patterns.kernels.flex`) or another key of both
-        :data:`sparse_patterns.kernels.IMPLS` and
-        :data:`sparse_patterns.kernels.BACKWARD_IMPLS`; checked here, when the
-        module is made.
+        ``"auto"`` (default: by the tensors' device when called, ``"torch"`` on
+        CUDA and ``"numba"`` on the CPU), or a backend that can train
+        (:func:`sparse_patterns.kernels.backend_names`: ``"numba"``, ``"torch"``,
+        ``"flex"``, ``"cuda"``, ``"reference"``); checked here, when the module is made.
     block : int, optional
-        Tile size of the plan: :data:`~sparse_patterns.kernels.BLOCK`, or 128
-        for ``"flex"``.
+        Tile size of the plan; default the backend's on the tensors' device (32 on
+        the CPU, 128 on CUDA).
 
     Raises
     ------
@@ -256,21 +242,22 @@ class SparseAttention(torch.nn.Module):
     """
 
     def __init__(self, pattern: Pattern, *, mode: str = "multihead",
-                 scale: float | None = None, impl: str = "numba",
+                 scale: float | None = None, impl: str = "auto",
                  block: int | None = None) -> None:
         super().__init__()
         self.impl = _check_impl(impl)
-        # checks pattern, block and mode
-        self.plan = plan(pattern, block=_default_block(self.impl, block), mode=mode)
+        be = get_backend("numba" if self.impl == "auto" else self.impl)
+        # checks pattern, block and mode; the plan of the backend's first device
+        self.plan = plan(pattern, block=be.default_block(be.devices[0]) if block is None
+                         else block, mode=mode)
+        self.block = block
         self.pattern = pattern
         self.mode = self.plan.mode
         self.scale = scale
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if self.impl in _AUTOGRAD_IMPLS:
-            return _flex(q, k, v, self.plan, self.pattern, self.scale)
-        return _SparseAttentionFunction.apply(q, k, v, self.plan, self.pattern, self.scale,
-                                              self.impl)
+        block = self.plan.block if self.block is None and q.device.type == "cpu" else self.block
+        return _run(q, k, v, self.pattern, self.mode, self.scale, self.impl, block)
 
     def extra_repr(self) -> str:
         return f"{self.pattern!r}, mode={self.mode!r}, impl={self.impl!r}"

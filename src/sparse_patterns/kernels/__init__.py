@@ -1,188 +1,56 @@
 """Fused sparse attention that executes a pattern's :class:`ExecutionPlan`.
 
 :func:`plan` cuts a pattern into block-compact pieces; :func:`attention` runs
-them with an implementation chosen by name: ``"numba"`` (the CPU kernel of
-:mod:`sparse_patterns.kernels.cpu`), ``"reference"`` (the dense masked-softmax
-oracle, for small ``n``), ``"cuda"`` (:mod:`sparse_patterns.kernels.cuda`) or
-``"flex"`` (:mod:`sparse_patterns.kernels.flex`: each piece through torch's
-FlexAttention in its block-compact order, merged by log-sum-exp), both imported on
-first use. :data:`IMPLS` maps each name to its callable, so another
-implementation can be registered (:func:`register_impl`). Each built-in entry
-runs the one input check (``kernels._inputs``: pattern, mode and block to a
-plan, the arrays, the scale) once, then hands validated arrays and the plan to
-its backend, whose ``forward(q, k, v, plan, *, scale)`` and
-``backward(q, k, v, o, lse, do, plan, *, scale)`` have one signature.
-:func:`attention_backward` gives ``(dq, dk, dv)`` by recomputation from the
-forward's log-sum-exp; :class:`sparse_patterns.torch.SparseAttention` wraps both
-in an autograd function.
+them on a backend (:mod:`sparse_patterns.kernels.backend`: one interface, each
+backend imported on first use): ``"numba"`` (the CPU kernels of
+:mod:`sparse_patterns.kernels.cpu`), ``"torch"`` (each piece on PyTorch's own
+attention kernels, :mod:`sparse_patterns.kernels.torch_path`: the GPU path),
+``"flex"`` (every piece through FlexAttention), ``"cuda"`` (numba-cuda, the portable
+reference GPU kernel) or ``"reference"`` (the dense float64 oracle, small ``n``).
+``impl="auto"``, the default, takes ``"torch"`` for CUDA tensors and ``"numba"`` on
+the CPU, and the tile size follows the device (32 on the CPU, 128 on CUDA). The
+inputs are described and the plan built once per call; the backend validates its
+arrays and runs. :func:`attention_backward` gives ``(dq, dk, dv)`` by recomputation
+from the forward's log-sum-exp; :class:`sparse_patterns.torch.SparseAttention`
+wraps both in an autograd function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
 from .._validate import check_bool
 from ..pattern import Pattern
-from ._inputs import HostArrays, check_scale, resolve
+from .backend import AUTO, Backend, Inputs, choose
+from .backend import get as get_backend
+from .backend import names as backend_names
+from .backend import register as register_backend
 from .planning import BLOCK, MODES, ExecutionPlan, clear_plan_cache, plan
 
 __all__ = [
     "BLOCK",
-    "ExecutionPlan", "plan", "MODES", "clear_plan_cache", "Impl", "IMPLS", "BACKWARD_IMPLS",
-    "register_impl", "attention", "attention_backward",
+    "ExecutionPlan", "plan", "MODES", "clear_plan_cache", "Impl", "Backend", "Inputs", "AUTO",
+    "get_backend", "backend_names", "register_backend", "attention", "attention_backward",
 ]
 
 
 class Impl(str, Enum):
-    """Names of the built-in implementations (any key of :data:`IMPLS` is accepted)."""
+    """Names of the built-in backends, and ``"auto"``."""
 
+    AUTO = "auto"
     NUMBA = "numba"
-    REFERENCE = "reference"
-    CUDA = "cuda"
+    TORCH = "torch"
     FLEX = "flex"
-
-
-# ----------------------------------------------------------------------- impls
-# Each entry runs the one input check of ``_inputs`` (pattern, mode and block to a plan;
-# the arrays; the scale) and hands validated arrays and the plan to its backend.
-def _numba_forward(q, k, v, pattern, *, mode="multihead", scale=None, return_lse=False,
-                   block=BLOCK):
-    from . import cpu
-
-    _, pl = resolve(pattern, mode, block)
-    x = HostArrays({"q": q, "k": k, "v": v}, pl.n, widen_half=False)
-    s = check_scale(scale, x.shape[3])
-    d = x.shape[3]
-    if x.dtype_name == "bfloat16" and (cpu.amx_applies(pl, d) or cpu.bf16_applies(pl, d)):
-        w = x.words  # the output comes back as bf16 words, rounded as blocks finish
-        o, lse = cpu.forward_bf16(w["q"], w["k"], w["v"], pl, scale=s, words=True)
-        return (x.out_words(o), x.out(lse, lse=True)) if return_lse else x.out_words(o)
-    else:
-        a = x.widen()
-        o, lse = cpu.forward(a["q"], a["k"], a["v"], pl, scale=s)
-    return (x.out(o), x.out(lse, lse=True)) if return_lse else x.out(o)
-
-
-def _reference_forward(q, k, v, pattern, *, mode="multihead", scale=None, return_lse=False,
-                       block=BLOCK):
-    from .reference import reference_forward
-
-    pat, pl = resolve(pattern, mode, block, needs_pattern=Impl.REFERENCE.value)
-    x = HostArrays({"q": q, "k": k, "v": v}, pl.n)
-    a = x.np
-    o, lse = reference_forward(a["q"], a["k"], a["v"], pat, pl,
-                               scale=check_scale(scale, x.shape[3]))
-    return (x.out(o), x.out(lse, lse=True)) if return_lse else x.out(o)
-
-
-def _cuda_forward(q, k, v, pattern, *, mode="multihead", scale=None, return_lse=False,
-                  block=BLOCK):
-    from . import cuda  # checks the device arrays and the scale itself (``_inputs``)
-
-    _, pl = resolve(pattern, mode, block, max_block=cuda.MAX_BLOCK)
-    out, lse = cuda.forward(q, k, v, pl, scale=scale)
-    return (out, lse) if return_lse else out
-
-
-def _numba_backward(q, k, v, o, lse, do, pattern, *, mode="multihead", scale=None, block=BLOCK):
-    from . import cpu
-
-    _, pl = resolve(pattern, mode, block)
-    x = HostArrays({"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, pl.n,
-                   widen_half=False)
-    s = check_scale(scale, x.shape[3])
-    d = x.shape[3]
-    if x.dtype_name == "bfloat16" and (cpu.amx_applies(pl, d) or cpu.bf16_applies(pl, d)):
-        w = x.words  # the gradients come back as bf16 words, narrowed head by head
-        return tuple(x.out_words(g) for g in cpu.backward_bf16(
-            w["q"], w["k"], w["v"], w["o"], x.np["lse"], w["do"], pl, scale=s, words=True))
-    a = x.widen()
-    grads = cpu.backward(a["q"], a["k"], a["v"], a["o"], a["lse"], a["do"], pl, scale=s)
-    return tuple(x.out(g) for g in grads)
-
-
-def _reference_backward(q, k, v, o, lse, do, pattern, *, mode="multihead", scale=None,
-                        block=BLOCK):
-    from .reference import reference_backward
-
-    pat, pl = resolve(pattern, mode, block, needs_pattern=Impl.REFERENCE.value)
-    x = HostArrays({"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, pl.n)
-    a = x.np
-    grads = reference_backward(a["q"], a["k"], a["v"], a["o"], a["lse"], a["do"], pat, pl,
-                               scale=check_scale(scale, x.shape[3]))
-    return tuple(x.out(g) for g in grads)
-
-
-def _cuda_backward(q, k, v, o, lse, do, pattern, *, mode="multihead", scale=None, block=BLOCK):
-    from . import cuda
-
-    _, pl = resolve(pattern, mode, block, max_block=cuda.MAX_BLOCK)
-    return cuda.backward(q, k, v, o, lse, do, pl, scale=scale)
-
-
-def _flex_forward(q, k, v, pattern, **kw):
-    from . import flex  # imports torch; a one-line ValueError without FlexAttention
-
-    return flex.forward(q, k, v, pattern, **kw)
-
-
-def _flex_backward(q, k, v, o, lse, do, pattern, **kw):
-    from . import flex
-
-    return flex.backward(q, k, v, o, lse, do, pattern, **kw)
-
-
-#: Forward implementations: name -> ``fn(q, k, v, pattern, *, mode, scale, return_lse, block)``.
-IMPLS: dict[str, Callable[..., Any]] = {
-    Impl.NUMBA.value: _numba_forward,
-    Impl.REFERENCE.value: _reference_forward,
-    Impl.CUDA.value: _cuda_forward,
-    Impl.FLEX.value: _flex_forward,
-}
-
-#: Backward implementations: name -> ``fn(q, k, v, o, lse, do, pattern, *, mode, scale, block)``.
-BACKWARD_IMPLS: dict[str, Callable[..., Any]] = {
-    Impl.NUMBA.value: _numba_backward,
-    Impl.REFERENCE.value: _reference_backward,
-    Impl.CUDA.value: _cuda_backward,
-    Impl.FLEX.value: _flex_backward,
-}
-
-
-def register_impl(name: str, forward: Callable[..., Any],
-                  backward: Callable[..., Any] | None = None) -> None:
-    """Make ``impl=name`` available to :func:`attention` (and :func:`attention_backward`).
-
-    Examples
-    --------
-    >>> register_impl("mine", IMPLS["reference"])
-    >>> "mine" in IMPLS
-    True
-    >>> del IMPLS["mine"]
-    """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"name: must be a non-empty string, got {name!r}")
-    if not callable(forward):
-        raise ValueError(f"forward: must be callable, got {type(forward).__name__}")
-    IMPLS[name] = forward
-    if backward is not None:
-        BACKWARD_IMPLS[name] = backward
-
-
-def _impl_name(impl: Any, table: dict[str, Any]) -> str:
-    name = impl.value if isinstance(impl, Impl) else impl
-    if not isinstance(name, str) or name not in table:
-        raise ValueError(f"impl: unknown implementation {impl!r}; valid: {', '.join(table)}")
-    return name
+    CUDA = "cuda"
+    REFERENCE = "reference"
 
 
 # ----------------------------------------------------------------------- public
 def attention(
     q: Any, k: Any, v: Any, pattern: Pattern | ExecutionPlan, *, mode: str = "multihead",
-    impl: str | Impl = "numba", scale: float | None = None, return_lse: bool = False,
-    block: int = BLOCK,
+    impl: str | Impl = "auto", scale: float | None = None, return_lse: bool = False,
+    block: int | None = None,
 ) -> Any:
     """Sparse attention of ``pattern``: softmax over the attended keys of each query.
 
@@ -218,15 +86,19 @@ def attention(
         ``multihead``: attention head ``h`` uses pattern head ``h % p``, each
         with its own softmax; ``merged``: every head uses the union of the heads.
     impl : str or Impl
-        A key of :data:`IMPLS`: ``"numba"`` (CPU kernel), ``"reference"`` (dense
-        oracle, small ``n``), ``"cuda"``, ``"flex"`` (torch FlexAttention per
-        piece; on CUDA ``block`` must be a multiple of 128), or a registered name.
+        ``"auto"`` (default: ``"torch"`` for CUDA tensors, ``"numba"`` on the CPU; the
+        error lists every candidate's reasons when none can run), ``"numba"`` (CPU
+        kernel), ``"torch"`` (the plan's pieces on PyTorch's attention kernels, the
+        GPU path), ``"flex"`` (FlexAttention per piece; on CUDA ``block`` a multiple
+        of 128), ``"cuda"`` (numba-cuda), ``"reference"`` (dense oracle, small ``n``),
+        or a name given to :func:`register_backend`.
     scale : float, optional
         Score scale, ``1 / sqrt(d)`` by default.
     return_lse : bool
         Also return the log-sum-exp of each row's scaled scores.
-    block : int
-        Tile size of the plan, in ``[1, 4096]``; default :data:`BLOCK` (32).
+    block : int, optional
+        Tile size of the plan, in ``[1, 4096]``; default the backend's on the
+        inputs' device (:data:`BLOCK`, 32, on the CPU; 128 on CUDA).
 
     Returns
     -------
@@ -240,8 +112,9 @@ def attention(
     ------
     ValueError
         Shapes that disagree (``q``, ``k``, ``v``, ``n`` vs the pattern), an
-        unsupported dtype, mixed array kinds, an unknown ``impl`` (the message
-        lists the valid ones) or ``mode``; for ``impl="reference"``, a
+        unsupported dtype, mixed array kinds or devices, an unknown ``impl`` (the
+        message lists the valid ones) or ``mode``, ``"auto"`` with no backend that
+        can run the inputs; for ``impl="reference"``, a
         :class:`~sparse_patterns.config.MemoryLimitError` (a ``ValueError``)
         when its dense ``(n, n)`` scores would pass the memory limit.
 
@@ -269,16 +142,15 @@ def attention(
     >>> out.shape, bool(np.allclose(out, ref, rtol=1e-10, atol=1e-12))
     ((1, 2, 16, 8), True)
     """
-    name = _impl_name(impl, IMPLS)
     return_lse = check_bool("return_lse", return_lse)
-    return IMPLS[name](q, k, v, pattern, mode=mode, scale=scale, return_lse=return_lse,
-                       block=block)
+    be, pat, pl = choose(impl, {"q": q, "k": k, "v": v}, pattern, mode, block)
+    return be.forward(q, k, v, pl, pattern=pat, scale=scale, return_lse=return_lse)
 
 
 def attention_backward(
     q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, pattern: Pattern | ExecutionPlan, *,
-    mode: str = "multihead", impl: str | Impl = "numba", scale: float | None = None,
-    block: int = BLOCK,
+    mode: str = "multihead", impl: str | Impl = "auto", scale: float | None = None,
+    block: int | None = None,
 ) -> tuple[Any, Any, Any]:
     """Gradients ``(dq, dk, dv)`` of :func:`attention`, recomputed from its log-sum-exp.
 
@@ -324,6 +196,6 @@ def attention_backward(
     >>> dq.shape
     (1, 2, 16, 8)
     """
-    name = _impl_name(impl, BACKWARD_IMPLS)
-    return BACKWARD_IMPLS[name](q, k, v, o, lse, do, pattern, mode=mode, scale=scale,
-                                block=block)
+    be, pat, pl = choose(impl, {"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, pattern,
+                         mode, block, backward=True)
+    return be.backward(q, k, v, o, lse, do, pl, pattern=pat, scale=scale)

@@ -41,7 +41,7 @@ from ..pattern import Pattern
 from .planning import ExecutionPlan
 
 __all__ = ["MASKS", "BYTES_LIMIT", "piece_block_mask", "piece_members", "probe_positions", "tile_layouts",
-           "index", "perm", "cpu_group", "release_workspace"]
+           "index", "perm", "cpu_group", "release_workspace", "on_device"]
 
 #: How a piece's ``mask_mod`` decides its partial tiles (``"auto"``: formula on the CPU
 #: when the pattern has one, else bits).
@@ -196,6 +196,32 @@ def _bits_mask_mod(torch: Any, plan: ExecutionPlan, table: np.ndarray, device: A
     return mask_mod
 
 
+def on_device(torch: Any, rule: Callable, device: Any, depth: int = 0) -> Callable:
+    """``rule`` with the tensors its closures hold (packed documents' ids, bigbird's block
+    tables) moved to ``device``, so that its ``mask_mod`` reads them where it runs.
+
+    Only for rules made for this call (:func:`trusted_formula` builds fresh closures):
+    their cells are rebound in place. Nested closures and lists of them are followed.
+    """
+    dev = torch.device(device)
+    for cell in getattr(rule, "__closure__", None) or ():
+        try:
+            x = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(x, torch.Tensor):
+            if x.device != dev:
+                cell.cell_contents = x.to(dev)
+        elif depth < 16 and callable(x) and hasattr(x, "__closure__"):
+            on_device(torch, x, dev, depth + 1)
+        elif depth < 16 and isinstance(x, (list, tuple)):
+            for item in x:
+                for y in item if isinstance(item, (list, tuple)) else (item,):
+                    if callable(y) and hasattr(y, "__closure__"):
+                        on_device(torch, y, dev, depth + 1)
+    return rule
+
+
 def _formula_mask_mod(torch: Any, plan: ExecutionPlan, p: int, rule: Callable,
                       device: Any) -> Callable:
     n = plan.n
@@ -266,7 +292,8 @@ def _build(plan: ExecutionPlan, p: int, device: Any, mask: str, pattern: Pattern
         rules = trusted_formula(pattern) if members is not None else None
         if rules is None:
             raise ValueError("mask: 'formula' needs a pattern with a FlexAttention formula")
-        rule = _piece_rule(rules, members[p], plan.mode == "merged")
+        rule = _piece_rule([on_device(torch, r, device) for r in rules], members[p],
+                           plan.mode == "merged")
         mask_mod = _formula_mask_mod(torch, plan, p, rule, device)
     else:
         mask_mod = _bits_mask_mod(torch, plan, table, device)

@@ -46,10 +46,10 @@ recompilation; inputs are made contiguous so that their strides agree). Calls ru
 with room for :data:`RECOMPILE_LIMIT` graphs and fail past it rather than fall
 back to the eager operator.
 
-The ``mask_mod`` (:mod:`._flex_masks`): ``"auto"`` takes the family's formula on
-the CPU when the pattern has one, else the bit tables, which any plan has
-(``benchmarks/flex.py``, one run, n = 16,384: strided 0.32 s against 0.50 s with
-the bit tables, fixed 0.66 s against 0.70 s); on a GPU the bit tables.
+The ``mask_mod`` (:mod:`._flex_masks`): ``"auto"`` takes the family's formula when
+the pattern has one (the tensors it holds moved to the device), else the bit
+tables, which any plan has: arithmetic on the tokens costs less than gathers from a
+table per element.
 """
 
 from __future__ import annotations
@@ -65,10 +65,11 @@ from .._validate import check_choice
 from ..pattern import Pattern
 from ._flex_masks import MASKS, cpu_group, perm, piece_block_mask, release_workspace
 from ._inputs import check_scale, check_shapes, resolve
+from .backend import Backend, Inputs
 from .planning import BLOCK, ExecutionPlan
 
-__all__ = ["FLEX_BLOCK", "MASKS", "RECOMPILE_LIMIT", "flex_attention_plan", "forward", "backward",
-           "available", "check_block", "register", "release_workspace"]
+__all__ = ["BACKEND", "FLEX_BLOCK", "MASKS", "RECOMPILE_LIMIT", "flex_attention_plan", "forward", "backward",
+           "available", "check_block", "release_workspace", "piece_attention", "mask_kind"]
 
 #: FlexAttention's block size on a GPU: ``impl="flex"`` on CUDA needs a plan ``block``
 #: that is a multiple of it (any ``block`` runs on the CPU).
@@ -245,7 +246,7 @@ def _check_eager_fits(plan: ExecutionPlan, shape: tuple[int, ...], itemsize: int
         )
 
 
-def _mask_kind(mask: str, device: Any, pattern: Pattern | None, plan: ExecutionPlan) -> str:
+def mask_kind(mask: str, device: Any, pattern: Pattern | None, plan: ExecutionPlan) -> str:
     mask = check_choice("mask", mask, MASKS)
     if mask == "bits":
         return mask
@@ -262,15 +263,16 @@ def _mask_kind(mask: str, device: Any, pattern: Pattern | None, plan: ExecutionP
             "mask: 'formula' needs the Pattern of a registered family (or an expression of them) "
             "whose pieces can be told; use mask='bits'"
         )
-    # the GPU gets the bit tables (on its device); a formula may hold CPU tensors
-    return "formula" if ok and (mask == "formula" or device.type == "cpu") else "bits"
+    return "formula" if ok else "bits"
 
 
 # --------------------------------------------------------------------- the forward
-def _piece(torch: Any, plan: ExecutionPlan, p: int, q: Any, k: Any, v: Any, scale: float,
+def piece_attention(torch: Any, plan: ExecutionPlan, p: int, q: Any, k: Any, v: Any, scale: float,
            how: str, mask: str, pattern: Pattern | None, need_lse: bool,
            grad: bool) -> tuple[Any, Any]:
-    """One piece in token order, differentiable: ``(out, lse or None)`` (natural log)."""
+    """Piece ``p`` of ``plan`` through FlexAttention, in token order and differentiable:
+    ``(out, lse or None)`` (natural log). ``how``: ``"compiled"`` or ``"eager"``; ``mask``:
+    ``"bits"`` or ``"formula"`` (:func:`mask_kind`)."""
     dev = q.device
     qp, kp = perm(torch, plan, "qperm", p, dev), perm(torch, plan, "kperm", p, dev)
     xq = q if qp is None else q.index_select(2, qp)
@@ -362,7 +364,7 @@ def flex_attention_plan(
     how = _how(compile, q.device, q.dtype, grad, torch)
     if how == "eager":
         _check_eager_fits(plan, tuple(q.shape), q.element_size())
-    mask = _mask_kind(mask, q.device, pattern, plan)
+    mask = mask_kind(mask, q.device, pattern, plan)
     f = torch.float64 if q.dtype == torch.float64 else torch.float32
     G = plan.num_groups
     if how == "compiled" and q.device.type == "cpu":  # inference: recycled buffers, anchors
@@ -385,7 +387,7 @@ def flex_attention_plan(
         qs, ks, vs = (t if G == 1 else t[:, g::G] for t in (q, k, v))
         ps = [p for p in range(plan.num_pieces) if int(plan.piece_group[p]) == g]
         need = return_lse or len(ps) > 1
-        res = [_piece(torch, plan, p, qs, ks, vs, sc, how, mask, pattern, need, grad) for p in ps]
+        res = [piece_attention(torch, plan, p, qs, ks, vs, sc, how, mask, pattern, need, grad) for p in ps]
         if not res:
             o = torch.zeros(qs.shape, dtype=f, device=q.device)
             lse = torch.full(qs.shape[:3], -math.inf, dtype=f, device=q.device)
@@ -475,20 +477,53 @@ def backward(q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, pattern: Pattern
     return tuple(g.numpy() for g in grads) if numpy_in else tuple(grads)
 
 
-def register() -> None:
-    """Make ``impl="flex"`` available to :func:`sparse_patterns.kernels.attention` (and its
-    backward); importing this module does it.
+class _Flex(Backend):
+    """``impl="flex"``: each piece of the plan through FlexAttention with its BlockMask."""
 
-    Examples
-    --------
-    >>> from sparse_patterns import kernels
-    >>> register()
-    >>> kernels.IMPLS["flex"] is forward
-    True
-    """
-    from . import register_impl  # noqa: PLC0415
+    name = "flex"
+    description = ("FlexAttention on every piece of the plan (its BlockMask in the piece's "
+                   "order), merged by log-sum-exp")
+    devices = ("cpu", "cuda")
+    kinds = ("numpy", "torch")
+    blocks = {"cpu": FLEX_BLOCK, "cuda": FLEX_BLOCK}
+    autograd = True
 
-    register_impl("flex", forward, backward)
+    def require(self) -> None:
+        _api()
+
+    def more_reasons(self, inputs: Inputs, plan: ExecutionPlan | None,
+                     pattern: Pattern | None) -> list[str]:
+        if not available():
+            return ["torch with FlexAttention (torch >= 2.5) is not importable"]
+        if inputs.kind == "numpy" and inputs.device != "cpu":
+            return ["q: NumPy arrays run on the CPU only"]
+        if plan is not None and inputs.device == "cuda" and plan.block % FLEX_BLOCK:
+            return [f"block: must be a multiple of {FLEX_BLOCK} on CUDA, got {plan.block}"]
+        return []
+
+    def forward(self, q: Any, k: Any, v: Any, plan: ExecutionPlan, *,
+                pattern: Pattern | None = None, scale: float | None = None,
+                return_lse: bool = False) -> Any:
+        return forward(q, k, v, plan if pattern is None else pattern, mode=plan.mode,
+                       scale=scale, return_lse=return_lse, block=plan.block)
+
+    def backward(self, q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, plan: ExecutionPlan,
+                 *, pattern: Pattern | None = None,
+                 scale: float | None = None) -> tuple[Any, Any, Any]:
+        return backward(q, k, v, o, lse, do, plan if pattern is None else pattern,
+                        mode=plan.mode, scale=scale, block=plan.block)
+
+    def differentiable(self, q: Any, k: Any, v: Any, plan: ExecutionPlan, *,
+                       pattern: Pattern | None = None, scale: float | None = None) -> Any:
+        return flex_attention_plan(q, k, v, plan, scale=scale, pattern=pattern)
+
+    def note(self, plan: ExecutionPlan, inputs: Inputs) -> str:
+        torch, _ = _api()
+        dev = torch.device(inputs.device)
+        how = _how(None, dev, getattr(torch, inputs.dtype, torch.float32), False, torch)
+        return (f"{how} FlexAttention on {plan.num_pieces} piece(s), block {plan.block}, "
+                f"computed/useful {plan.ratio:.2f}")
 
 
-register()
+#: The FlexAttention backend (:class:`~sparse_patterns.kernels.backend.Backend`).
+BACKEND = _Flex()

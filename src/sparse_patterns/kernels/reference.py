@@ -17,13 +17,16 @@ not attend never reach it (a dense product would spread them as ``0 * inf``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .. import config
 from ..pattern import Pattern
+from .backend import Backend
 from .planning import ExecutionPlan
 
-__all__ = ["group_masks", "reference_bytes", "reference_forward", "reference_backward"]
+__all__ = ["BACKEND", "group_masks", "reference_bytes", "reference_forward", "reference_backward"]
 
 #: Bytes per score cell ``(i, j)`` of one ``(n, n)`` slice: the float64 scores (backward:
 #: the probabilities, then the score gradients), the mask and its complement, and at most
@@ -234,3 +237,40 @@ def reference_backward(
     dq *= scale
     dk *= scale
     return dq.astype(q.dtype), dk.astype(q.dtype), dv.astype(q.dtype)
+
+
+class _Reference(Backend):
+    """``impl="reference"``: the dense float64 oracle on the CPU (small ``n``)."""
+
+    name = "reference"
+    description = "dense masked softmax in float64 on the CPU (an oracle for small n)"
+    devices = ("cpu",)
+    kinds = ("numpy", "torch")
+    blocks = {"cpu": 32}
+    needs_pattern = True
+
+    def forward(self, q: Any, k: Any, v: Any, plan: ExecutionPlan, *,
+                pattern: Pattern | None = None, scale: float | None = None,
+                return_lse: bool = False) -> Any:
+        from ._inputs import HostArrays, check_scale  # noqa: PLC0415
+
+        x = HostArrays({"q": q, "k": k, "v": v}, plan.n)
+        a = x.np
+        o, lse = reference_forward(a["q"], a["k"], a["v"], pattern, plan,
+                                   scale=check_scale(scale, x.shape[3]))
+        return (x.out(o), x.out(lse, lse=True)) if return_lse else x.out(o)
+
+    def backward(self, q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, plan: ExecutionPlan,
+                 *, pattern: Pattern | None = None,
+                 scale: float | None = None) -> tuple[Any, Any, Any]:
+        from ._inputs import HostArrays, check_scale  # noqa: PLC0415
+
+        x = HostArrays({"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, plan.n)
+        a = x.np
+        grads = reference_backward(a["q"], a["k"], a["v"], a["o"], a["lse"], a["do"], pattern,
+                                   plan, scale=check_scale(scale, x.shape[3]))
+        return tuple(x.out(g) for g in grads)
+
+
+#: The oracle backend (:class:`~sparse_patterns.kernels.backend.Backend`).
+BACKEND = _Reference()

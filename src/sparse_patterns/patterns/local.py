@@ -9,7 +9,7 @@ from .._validate import MAX_N, check_bool, check_int, check_size
 from ..pattern import Pattern, PatternRule
 from ._blocks import distance_band, layout_of
 from ._build import Progression, local2d_counts, local2d_csr, progression_rule
-from ._flex import Rule, dilated_band
+from ._flex import Offsets, Rule, dilated_band
 from .registry import register
 
 __all__ = ["local", "dilated", "local2d", "raster", "dilated_rows"]
@@ -22,7 +22,16 @@ def _local_flex(pattern: Pattern) -> list[Rule]:
     return [dilated_band(p["window"], p.get("dilation", 1), pattern.n, bool(p["causal"]))]
 
 
-@register("local", flex=_local_flex)
+def _local_offsets(pattern: Pattern) -> list[Offsets | None]:
+    """Causal: ``0 <= i - j <= w d`` and ``(i - j) mod d == 0``."""
+    p = pattern.params
+    if not p["causal"]:
+        return [None]
+    d = p.get("dilation", 1)
+    return [Offsets(0, p["window"] * d, d)]
+
+
+@register("local", flex=_local_flex, offsets=_local_offsets)
 def local(n: int, window: int, causal: bool = True) -> Pattern:
     """Sliding window ``A_i = {max(0, i - w) .. i}`` (``|i - j| <= w`` if bidirectional).
 
@@ -50,7 +59,7 @@ def local(n: int, window: int, causal: bool = True) -> Pattern:
     return _dilated(n, window, 1, causal, "local")
 
 
-@register("dilated", flex=_local_flex)
+@register("dilated", flex=_local_flex, offsets=_local_offsets)
 def dilated(n: int, window: int, dilation: int, causal: bool = True) -> Pattern:
     """Dilated window ``A_i = {i - k d : 0 <= k <= w, i - k d >= 0}``.
 

@@ -41,6 +41,10 @@ class PatternSpec:
     #: (torch imported when it runs), for a pattern its generator built; None
     #: when the family has no formula
     flex: Callable[[Pattern], list[Callable[[Any, Any], Any]]] | None = None
+    #: ``offsets(pattern) -> list of Offsets or None``, one per head: the heads that
+    #: depend only on ``i - j`` (``patterns._flex.Offsets``), for a pattern its
+    #: generator built; None when the family declares none
+    offsets: Callable[[Pattern], list[Any]] | None = None
 
     def param(self, name: str) -> Param:
         for p in self.params:
@@ -58,6 +62,7 @@ def register(
     description: str | None = None,
     reference: str | None = None,
     flex: Callable[[Pattern], list[Callable[[Any, Any], Any]]] | None = None,
+    offsets: Callable[[Pattern], list[Any]] | None = None,
 ) -> Callable[[Callable[..., Pattern]], Callable[..., Pattern]]:
     """Class the decorated generator ``f(n, **params) -> Pattern`` under ``name``.
 
@@ -74,6 +79,9 @@ def register(
     ``flex(pattern)`` returns one ``rule(q_idx, kv_idx) -> bool tensor`` per
     head, in the generator's parameters (``pattern.params``). It is only
     asked about patterns that are exactly what the generator gives.
+    ``offsets``, when given, says which heads depend only on ``i - j``
+    (:class:`~sparse_patterns.patterns._flex.Offsets` per head, None for the others),
+    under the same condition.
     """
     if not params and description is None and name in CATALOG:
         fam = CATALOG[name]
@@ -87,7 +95,8 @@ def register(
         taken = [k for k in sig.parameters if k != "n"]
         if set(taken) != declared:
             raise TypeError(f"{name}: declared params {declared} != signature {taken}")
-        REGISTRY[name] = PatternSpec(name, func, tuple(params), description, reference, flex=flex)
+        REGISTRY[name] = PatternSpec(name, func, tuple(params), description, reference, flex=flex,
+                                     offsets=offsets)
 
         @functools.wraps(func)
         def generator(n: int, *args: Any, documents: Any = None, **kwargs: Any) -> Pattern:

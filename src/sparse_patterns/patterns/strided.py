@@ -14,7 +14,7 @@ from .._validate import MAX_N, check_bool, check_choice, check_int, check_size
 from ..pattern import Pattern
 from ._blocks import distance_band, distance_multiple, layout_of
 from ._build import progression_rule, with_union
-from ._flex import Rule, band, causal_rule
+from ._flex import Offsets, Rule, band, causal_rule
 from .registry import register
 
 __all__ = ["strided"]
@@ -35,7 +35,15 @@ def _strided_flex(pattern: Pattern) -> list[Rule]:
     return [a1, a2]
 
 
-@register("strided", flex=_strided_flex)
+def _strided_offsets(pattern: Pattern) -> list[Offsets | None]:
+    """Causal: A1 is ``0 <= i - j <= w``, A2 ``(i - j) mod l == 0``."""
+    if not pattern.params["causal"]:
+        return [None, None]
+    l = pattern.params["stride"]
+    return [Offsets(0, _window_width(l, pattern.params["window"])), Offsets(0, None, l)]
+
+
+@register("strided", flex=_strided_flex, offsets=_strided_offsets)
 def strided(n: int, stride: int, window: str = "paper", causal: bool = True) -> Pattern:
     """Strided attention: a window head ``A1`` and a stride head ``A2``.
 

@@ -23,7 +23,7 @@ import scipy.sparse as sp
 
 from .. import config
 from .._validate import check_choice, check_int
-from ..kernels import BLOCK, MODES, plan
+from ..kernels import AUTO, BLOCK, MODES, get_backend, plan
 from ..pattern import DENSE_LIMIT, Pattern
 from ..patterns import registry
 from ._baselines import BASELINES, baseline_bytes, flex_runner, sdpa_runner
@@ -157,13 +157,10 @@ def _check_inputs_fit(cells: Sequence[tuple[Any, int]], batch: int, heads: int, 
 
 
 def _impl_names(asked: Any = ()) -> tuple[str, ...]:
-    """Names of the registered implementations, ``"flex"`` included where torch has
-    FlexAttention; asking for it without raises the one-line error saying what it needs."""
-    from ..kernels import IMPLS, flex  # noqa: PLC0415 - flex registers impl="flex"
+    """Names of the backends (:func:`sparse_patterns.kernels.backend_names`) and ``"auto"``."""
+    from ..kernels import backend_names  # noqa: PLC0415
 
-    if "flex" in ([asked] if isinstance(asked, str) else list(asked)):
-        flex._api()
-    return tuple(str(getattr(k, "value", k)) for k in IMPLS if k != "flex" or flex.available())
+    return ("auto", *backend_names())
 
 
 def _names(arg: str, value: Any, valid: Sequence[str]) -> tuple[str, ...]:
@@ -182,17 +179,17 @@ def profile(
     patterns: str | Pattern | Iterable[str | Pattern],
     ns: int | Iterable[int],
     *,
-    impls: str | Sequence[str] = ("numba",),
+    impls: str | Sequence[str] = ("auto",),
     baselines: str | Sequence[str] = ("sdpa", "flex"),
     batch: int = 1,
     heads: int = 8,
     head_dim: int = 64,
-    dtype: str = "float32",
+    dtype: str | None = None,
     repeats: int = 5,
     mode: str = "merged",
     params: Mapping[str, Any] | None = None,
     progress: Callable[[int, int, str], None] | None = None,
-    block: int = BLOCK,
+    block: int | None = None,
     seed: int = 0,
     device: str = "cpu",
 ) -> ProfileTable:
@@ -212,16 +209,18 @@ def profile(
     ns : int or sequence of int
         Sequence lengths, each ``>= 1``.
     impls : sequence of str
-        Our implementations, names from :data:`sparse_patterns.kernels.IMPLS`
-        (``"numba"``, ``"reference"``, ``"flex"``: FlexAttention on the plan's
-        pieces with 128-token tiles, ``"cuda"``, ...). May be empty (baselines only).
+        Our backends (:func:`sparse_patterns.kernels.backend_names`): ``"auto"`` (the
+        default: ``"numba"`` on the CPU, ``"torch"`` on CUDA), ``"numba"``,
+        ``"torch"``, ``"flex"``, ``"cuda"``, ``"reference"``, ... Each runs its own
+        plan at ``block`` or its default tile size. May be empty (baselines only).
     baselines : sequence of str
         ``"sdpa"`` and/or ``"flex"`` (empty: none). Without torch they are
         dropped with a note and only ours run.
     batch, heads, head_dim : int
         Shape of the inputs.
-    dtype : {"float32", "float64", "float16", "bfloat16"}
-        Input dtype (``bfloat16`` inputs are torch tensors and need torch).
+    dtype : {"float32", "float64", "float16", "bfloat16"}, optional
+        Input dtype (``bfloat16`` inputs are torch tensors and need torch); default
+        ``"float32"`` on the CPU, ``"bfloat16"`` on CUDA.
     repeats : int
         Timed calls after the warm-up, in ``[1, 1000]``.
     mode : {"merged", "multihead"}
@@ -232,8 +231,9 @@ def profile(
         take them (``{"stride": "sqrt"}``); a key that no pattern takes is an error.
     progress : callable, optional
         Called as ``progress(done, total, what)`` around every step of the grid.
-    block : int
-        Tile size of our kernel's plan (``computed_flops`` come from that plan).
+    block : int, optional
+        Tile size of the plans (``computed_flops`` come from each backend's plan);
+        default each backend's on the device (32 on the CPU, 128 on CUDA).
     seed : int
         Seed of the inputs and of the sampled rows the oracle checks.
     device : {"cpu", "cuda"}
@@ -311,16 +311,20 @@ def profile(
     ns = [check_int("ns", v, 1) for v in ns]
     if not ns and any(isinstance(p, str) for p in items):
         raise ValueError("ns: give at least one sequence length n >= 1, got an empty list")
+    device = check_choice("device", device, DEVICES)
     impls = _names("impls", impls, _impl_names(impls))
+    impls = tuple(dict.fromkeys(AUTO[device][0] if i == "auto" else i for i in impls))
+    for name in impls:  # a library an asked backend needs: one line, before anything runs
+        get_backend(name).require()
     baselines = _names("baselines", baselines, BASELINES)
     batch = check_int("batch", batch, 1, 1 << 16)
     heads = check_int("heads", heads, 1, 1 << 16)
     head_dim = check_int("head_dim", head_dim, 1, 1 << 14)
     repeats = check_int("repeats", repeats, 1, 1000)
-    block = check_int("block", block, 1, 4096)
-    dtype = check_choice("dtype", dtype, DTYPES)
+    block = None if block is None else check_int("block", block, 1, 4096)
+    dtype = check_choice("dtype", ("bfloat16" if device == "cuda" else "float32")
+                         if dtype is None else dtype, DTYPES)
     mode = check_choice("mode", mode, MODES)
-    device = check_choice("device", device, DEVICES)
     notes: list[str] = []
     try:
         import torch  # noqa: PLC0415
@@ -367,7 +371,8 @@ def profile(
         label = f"{pat.name} n={n:,}"
         tick(f"{label}: plan")
         t0 = time.perf_counter()
-        pl = plan(pat, block=block, mode=mode)
+        pl = plan(pat, block=(128 if device == "cuda" else BLOCK) if block is None else block,
+                  mode=mode)
         plan_s = time.perf_counter() - t0
         useful, computed = pl.flops(batch, heads, head_dim)
         rng = np.random.default_rng(seed)

@@ -46,6 +46,9 @@ numba invalidates a cached function only when its own file changes: after editin
 
 from __future__ import annotations
 
+from typing import Any
+
+from ..backend import Backend
 from ._backward import backward, backward_bf16
 from ._bf16 import (
     BF16_MODES,
@@ -59,7 +62,53 @@ from ._forward import forward, forward_bf16
 from ._peak import fma_peak
 from ._pool import release_workspace
 
-__all__ = ["forward", "forward_bf16", "amx_applies", "amx_products_here", "bf16_applies",
+__all__ = ["BACKEND", "forward", "forward_bf16", "amx_applies", "amx_products_here", "bf16_applies",
            "bf16_products_here",
            "BF16_MODES", "backward", "backward_bf16",
            "release_workspace", "single_threaded_blas", "fma_peak"]
+
+
+class _Numba(Backend):
+    """``impl="numba"``: the fused CPU kernels on NumPy arrays or CPU torch tensors."""
+
+    name = "numba"
+    description = "fused numba/LLVM kernels on the CPU (float32 sums; bf16 products where fast)"
+    devices = ("cpu",)
+    kinds = ("numpy", "torch")
+    blocks = {"cpu": 32}
+
+    def forward(self, q: Any, k: Any, v: Any, plan: Any, *, pattern: Any = None,
+                scale: float | None = None, return_lse: bool = False) -> Any:
+        from .._inputs import HostArrays, check_scale  # noqa: PLC0415 - it imports this package
+
+        x = HostArrays({"q": q, "k": k, "v": v}, plan.n, widen_half=False)
+        s = check_scale(scale, x.shape[3])
+        d = x.shape[3]
+        if x.dtype_name == "bfloat16" and (amx_applies(plan, d) or bf16_applies(plan, d)):
+            w = x.words  # the output comes back as bf16 words, rounded as blocks finish
+            o, lse = forward_bf16(w["q"], w["k"], w["v"], plan, scale=s, words=True)
+            return (x.out_words(o), x.out(lse, lse=True)) if return_lse else x.out_words(o)
+        a = x.widen()
+        o, lse = forward(a["q"], a["k"], a["v"], plan, scale=s)
+        return (x.out(o), x.out(lse, lse=True)) if return_lse else x.out(o)
+
+    def backward(self, q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, plan: Any, *,
+                 pattern: Any = None, scale: float | None = None) -> tuple[Any, Any, Any]:
+        from .._inputs import HostArrays, check_scale  # noqa: PLC0415
+
+        x = HostArrays({"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, plan.n,
+                       widen_half=False)
+        s = check_scale(scale, x.shape[3])
+        d = x.shape[3]
+        if x.dtype_name == "bfloat16" and (amx_applies(plan, d) or bf16_applies(plan, d)):
+            w = x.words  # the gradients come back as bf16 words, narrowed head by head
+            return tuple(x.out_words(g) for g in backward_bf16(
+                w["q"], w["k"], w["v"], w["o"], x.np["lse"], w["do"], plan, scale=s,
+                words=True))
+        a = x.widen()
+        grads = backward(a["q"], a["k"], a["v"], a["o"], a["lse"], a["do"], plan, scale=s)
+        return tuple(x.out(g) for g in grads)
+
+
+#: The CPU backend (:class:`~sparse_patterns.kernels.backend.Backend`).
+BACKEND = _Numba()

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from .._inputs import DeviceArrays, check_scale
+from ..backend import Backend, Inputs
 from ..planning import ExecutionPlan
 from ._detect import CudaUnavailableError, backend, raise_if_toolkit_missing, require
 from ._device import Launch, device_plan
@@ -35,6 +36,7 @@ from ._kernels import MAX_BLOCK, MAX_HEAD_DIM, _sub_tile, kernels
 from ._ptx import ptx
 
 __all__ = [
+    "BACKEND",
     "CudaUnavailableError",
     "backend",
     "available",
@@ -270,3 +272,35 @@ def attention(q: Any, k: Any, v: Any, pattern: Any, *, mode: str = "multihead",
 
     return kernels_attention(q, k, v, pattern, mode=mode, impl="cuda", scale=scale,
                              return_lse=return_lse, block=block)
+
+
+class _Cuda(Backend):
+    """``impl="cuda"``: the numba-cuda kernels (a GPU, or the simulator)."""
+
+    name = "cuda"
+    description = ("numba-cuda kernels on the plan's tiles: the portable reference GPU "
+                   "kernel (impl='torch' is the fast GPU path)")
+    devices = ("cuda",)
+    kinds = ("torch", "numba")
+    blocks = {"cuda": 64}
+    max_block = MAX_BLOCK
+    max_head_dim = MAX_HEAD_DIM
+
+    def more_reasons(self, inputs: Inputs, plan: ExecutionPlan | None,
+                     pattern: Any) -> list[str]:
+        if not available():
+            return ["numba-cuda with a GPU (or its simulator) is not available here"]
+        return []
+
+    def forward(self, q: Any, k: Any, v: Any, plan: ExecutionPlan, *, pattern: Any = None,
+                scale: float | None = None, return_lse: bool = False) -> Any:
+        out, lse = forward(q, k, v, plan, scale=scale)
+        return (out, lse) if return_lse else out
+
+    def backward(self, q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, plan: ExecutionPlan,
+                 *, pattern: Any = None, scale: float | None = None) -> tuple[Any, Any, Any]:
+        return backward(q, k, v, o, lse, do, plan, scale=scale)
+
+
+#: The numba-cuda backend (:class:`~sparse_patterns.kernels.backend.Backend`).
+BACKEND = _Cuda()

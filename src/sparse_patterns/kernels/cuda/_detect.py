@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 __all__ = [
     "CudaUnavailableError",
     "backend",
@@ -32,10 +34,18 @@ class CudaUnavailableError(ValueError, RuntimeError):
     """
 
 
+def _numpy_row_stack() -> None:
+    """Give NumPy back ``row_stack`` (an alias of ``vstack``) where it lacks it; else nothing."""
+    # numba-cuda <= 0.30.4 registers np.row_stack at its first compile; numpy 2.5 removed the alias.
+    if "row_stack" not in vars(np):  # vars(np): never reads (nor warns about) np.row_stack
+        vars(np)["row_stack"] = np.vstack
+
+
 def load() -> Any:
     """Import ``numba.cuda`` once, or raise :class:`CudaUnavailableError` naming what is missing."""
     global cuda
     if cuda is None:
+        _numpy_row_stack()
         try:
             from numba import cuda as _c
         except ImportError as e:  # numba-cuda absent (or broken)

@@ -1,0 +1,670 @@
+"""``impl="torch"``: each piece of an ExecutionPlan on the PyTorch kernel made for its shape.
+
+A plan cuts a pattern into pieces that are block-compact in a permuted order
+(:mod:`sparse_patterns.kernels.planning`). This backend runs each piece on the
+fastest kernel PyTorch maintains for its shape, then merges the pieces of a
+softmax group by their log-sum-exp:
+
+* **residue classes, causal-dense** (strided's stride head, a dilated window that
+  reaches the start): the tokens ``i = c + s t`` viewed as ``(n / s, s)`` and
+  transposed are ``B H s`` independent causal attentions of length ``n / s``: one
+  ``scaled_dot_product_attention`` call with ``is_causal`` (FlashAttention on a GPU for
+  float16 and bfloat16, memory-efficient attention for float32; the CPU's flash
+  kernel), no mask and no copy of ``q, k, v`` (a strided view). A merged piece that
+  the window before it holds the first ``t0`` offsets of (strided's stride head
+  less its window: ``t0 = 2``) is the same call on queries ``t >= t0`` and keys
+  ``t < n / s - t0``. The last partial class (``n`` not a multiple of ``s``) is one
+  more call, one query per class. Which pieces these are comes from the family's
+  declared offsets (``register(..., offsets=...)``), never from a guess;
+* **everything else** (a window or band, summary keys, packed documents,
+  expressions): FlexAttention on the piece's ``BlockMask`` in its order (full tiles
+  without a ``mask_mod``), the ``mask_mod`` the family's formula where the pattern
+  has one, else the plan's bit table (:mod:`sparse_patterns.kernels.flex`).
+  ``BlockMask`` objects and index tensors are built once per plan and device.
+
+The pieces' outputs are put back in token order and merged in one function, compiled
+by ``torch.compile`` on CUDA (one fused kernel for the transposes, the log-sum-exp
+weights and the cast to the output's dtype). Gradients: one ``autograd.Function``
+over the call saves ``q, k, v``, the output and its log-sum-exp; its backward runs
+each residue piece's own SDPA backward with the merged output and log-sum-exp (the
+gradient of a piece of one softmax is its kernel's backward with the group's
+statistics), and differentiates each FlexAttention piece through FlexAttention's
+backward, weighted by the piece's share of the softmax. Nothing of size ``n x n`` is
+made, except by FlexAttention's eager operator on the CPU (its memory is checked
+first: the CPU runs this path for tests and small ``n``; ``impl="numba"`` is the CPU
+kernel).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..pattern import Pattern
+from .backend import Backend, Inputs
+from .planning import ExecutionPlan
+
+__all__ = ["BACKEND", "Classes", "piece_shapes", "plan_attention"]
+
+#: FlexAttention's tile on a GPU: the plan's ``block`` on CUDA must be a multiple of it.
+GPU_BLOCK = 128
+#: Largest head dimension of the GPU kernels (FlashAttention, FlexAttention).
+GPU_MAX_HEAD_DIM = 256
+
+
+@dataclass(frozen=True)
+class Classes:
+    """A piece that is causal attention inside each residue class ``i mod s``: query
+    ``i = c + s t`` attends keys ``c + s u`` with ``u <= t - t0``."""
+
+    s: int
+    t0: int
+
+
+# --------------------------------------------------------------------- piece shapes
+def _family_offsets(pattern: Pattern) -> list[Any] | None:
+    """The family's declared :class:`~sparse_patterns.patterns._flex.Offsets` per head, for
+    a pattern that is what its generator gives (the condition its formula is trusted on)."""
+    from ..export._formulas import trusted_formula  # noqa: PLC0415
+    from ..patterns import registry  # noqa: PLC0415
+
+    spec = registry.REGISTRY.get(pattern.name)
+    if spec is None or spec.offsets is None or "documents" in pattern.params:
+        return None
+    if trusted_formula(pattern) is None:
+        return None
+    offs = spec.offsets(pattern)
+    return offs if len(offs) == pattern.num_heads else None
+
+
+def _classes_of(own: Any, earlier: list[Any], n: int) -> Classes | None:
+    """``own`` less the ``earlier`` heads, as :class:`Classes`, or None when it is not."""
+    if own is None or own.step < 2 or (own.hi is not None and own.hi < n - 1):
+        return None
+    s = own.step
+    t0 = -(-own.lo // s)
+    for e in earlier:
+        if e is None:
+            return None
+        if not any(e.holds(s * t) for t in range(t0, t0 + (n // s) + 2)):
+            continue  # no offset of ours is in it
+        if e.step != 1 or e.hi is None or e.lo > s * t0:
+            return None  # it would leave a hole inside a class, or take a whole class
+        t0 = max(t0, e.hi // s + 1)
+    return Classes(s, t0)
+
+
+def piece_shapes(plan: ExecutionPlan, pattern: Pattern | None) -> list[Classes | None]:
+    """For every piece of ``plan``: :class:`Classes` where it is causal attention inside
+    residue classes (from the family's declared offsets), else None (FlexAttention).
+
+    Examples
+    --------
+    >>> import sparse_patterns as sps
+    >>> pat = sps.make("strided", 64, stride=8)
+    >>> piece_shapes(sps.plan(pat, block=16, mode="merged"), pat)
+    [None, Classes(s=8, t0=2)]
+    >>> piece_shapes(sps.plan(pat, block=16, mode="multihead"), pat)
+    [None, Classes(s=8, t0=0)]
+    """
+    def build() -> list[Classes | None]:
+        none = [None] * plan.num_pieces
+        offs = None if pattern is None else _family_offsets(pattern)
+        if offs is None:
+            return none
+        from ._flex_masks import piece_members  # noqa: PLC0415
+
+        members = piece_members(pattern, plan)
+        if members is None:
+            return none
+        out: list[Classes | None] = []
+        for mem in members:
+            if len(mem) != 1:
+                out.append(None)
+                continue
+            (h,) = mem
+            earlier = offs[:h] if plan.mode == "merged" else []
+            out.append(_classes_of(offs[h], earlier, plan.n))
+        return out
+
+    return plan.memo(("torch_shapes", id(pattern)), build)
+
+
+# --------------------------------------------------------------------- SDPA with its lse
+def _sdpa(torch: Any, q: Any, k: Any, v: Any, causal: bool, scale: float) -> tuple[Any, Any, Any]:
+    """``(out, lse, aux)`` of dense attention on ``(N, h, L, d)`` views; ``lse`` natural log,
+    ``(N, h, L)``; ``aux`` what :func:`_sdpa_backward` needs of this call."""
+    aten = torch.ops.aten
+    if q.device.type == "cpu":
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal,
+                                                                    scale=scale)
+        return out, lse, None
+    if q.dtype in (torch.float16, torch.bfloat16):
+        r = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
+        return r[0], r[1], ("flash", r[2], r[3], r[4], r[5], r[6], r[7])
+    r = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal,
+                                                     scale=scale)
+    return r[0], r[1][..., : q.shape[2]], ("efficient", r[2], r[3])
+
+
+def _sdpa_backward(torch: Any, do: Any, q: Any, k: Any, v: Any, out: Any, lse: Any,
+                   causal: bool, scale: float, aux: Any) -> tuple[Any, Any, Any]:
+    """``(dq, dk, dv)`` of :func:`_sdpa` from the given ``out`` and ``lse``: those of the
+    whole softmax group give this piece's share of the gradients."""
+    aten = torch.ops.aten
+    lse = lse.contiguous()
+    if q.device.type == "cpu":
+        return aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            do, q, k, v, out, lse, 0.0, causal, scale=scale)
+    if aux[0] == "flash":
+        _, cq, ck, mq, mk, seed, offset = aux
+        return aten._scaled_dot_product_flash_attention_backward(
+            do, q, k, v, out, lse, cq, ck, mq, mk, 0.0, causal, seed, offset, scale=scale)
+    _, seed, offset = aux
+    pad = -lse.shape[-1] % 32  # the kernel's lse rows come in multiples of 32
+    lse = torch.nn.functional.pad(lse, (0, pad)).contiguous()
+    g = aten._scaled_dot_product_efficient_attention_backward(
+        do, q, k, v, None, out, lse, seed, offset, 0.0, [True, True, True, False], causal,
+        scale=scale)
+    return g[0], g[1], g[2]
+
+
+# --------------------------------------------------------------------- a classes piece
+class _ClassViews:
+    """Views of ``(B, Hg, n, d)`` tensors by residue class: ``main`` ``(B, Hg, s, m, d)``
+    (class ``c``, position ``t``: token ``c + s t``) and ``tail`` ``(B, Hg, r, d)`` (the
+    tokens ``m s ..``: position ``m`` of the first ``r`` classes)."""
+
+    def __init__(self, n: int, s: int, t0: int) -> None:
+        self.n, self.s, self.t0 = n, s, t0
+        self.m, self.r = n // s, n % s
+
+    def main(self, x: Any) -> Any:
+        B, H, _, d = x.shape
+        return x[:, :, : self.m * self.s].unflatten(2, (self.m, self.s)).transpose(2, 3)
+
+    def main_rows(self, x: Any) -> Any:
+        """The same for ``(B, Hg, n)`` rows (a log-sum-exp)."""
+        return x[:, :, : self.m * self.s].unflatten(2, (self.m, self.s)).transpose(2, 3)
+
+    def tail(self, x: Any) -> Any:
+        return x[:, :, self.m * self.s :]
+
+
+def _flat(x: Any) -> Any:
+    """``(B, Hg, s, L, d)`` as ``(B * Hg, s, L, d)`` (a view where the strides allow)."""
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def _tail_keys(torch: Any, cv: _ClassViews, x: Any) -> Any | None:
+    """Keys of the tail's queries (position ``m`` of the first ``r`` classes): positions
+    ``<= m - t0`` of those classes, ``(B, Hg, r, m - t0 + 1, d)``; None when none."""
+    last = cv.m - cv.t0
+    if cv.r == 0 or last < 0:
+        return None
+    head = cv.main(x)[:, :, : cv.r, : min(last + 1, cv.m)]
+    if last < cv.m:
+        return head
+    return torch.cat([head, cv.tail(x)[:, :, :, None]], dim=3)  # t0 == 0: the query itself
+
+
+def _classes_forward(torch: Any, sh: Classes, n: int, q: Any, k: Any, v: Any,
+                     scale: float) -> tuple[Any, Any]:
+    """``(main, tail)`` results ``(out, lse, aux)`` or None of a classes piece."""
+    cv = _ClassViews(n, sh.s, sh.t0)
+    B, H, _, d = q.shape
+    L = cv.m - sh.t0
+    main = None
+    if L > 0:
+        mq, mk, mv = (_flat(cv.main(x)) for x in (q, k, v))
+        main = _sdpa(torch, mq[:, :, sh.t0 :], mk[:, :, :L], mv[:, :, :L], True, scale)
+    tail = None
+    tk = _tail_keys(torch, cv, k)
+    if tk is not None:
+        tq = cv.tail(q).reshape(B * H, cv.r, 1, d)
+        tail = _sdpa(torch, tq, _flat(tk), _flat(_tail_keys(torch, cv, v)), False, scale)
+    return main, tail
+
+
+def _classes_tokens(torch: Any, sh: Classes, n: int, shape: tuple[int, ...], main: Any,
+                    tail: Any, dtype: Any) -> tuple[Any, Any]:
+    """A classes piece's ``(out, lse)`` in token order ``(B, Hg, n, d)``, ``(B, Hg, n)``;
+    rows without keys 0 and ``-inf``."""
+    B, H, _, d = shape
+    cv = _ClassViews(n, sh.s, sh.t0)
+    F = torch.nn.functional
+    f = torch.float64 if dtype == torch.float64 else torch.float32
+    parts_o, parts_l = [], []
+    if cv.m:
+        if main is None:
+            o = torch.zeros((B, H, cv.m * sh.s, d), dtype=dtype, device=_dev(tail))
+            lse = torch.full((B, H, cv.m * sh.s), -math.inf, dtype=f, device=o.device)
+        else:
+            o = F.pad(main[0].to(dtype), (0, 0, sh.t0, 0))  # (N, s, m, d): rows t < t0 empty
+            lse = F.pad(main[1].to(f), (sh.t0, 0), value=-math.inf)
+            o = o.view(B, H, sh.s, cv.m, d).transpose(2, 3).reshape(B, H, cv.m * sh.s, d)
+            lse = lse.view(B, H, sh.s, cv.m).transpose(2, 3).reshape(B, H, cv.m * sh.s)
+        parts_o.append(o)
+        parts_l.append(lse)
+    if cv.r:
+        if tail is None:
+            dev = parts_o[0].device if parts_o else _dev(main)
+            parts_o.append(torch.zeros((B, H, cv.r, d), dtype=dtype, device=dev))
+            parts_l.append(torch.full((B, H, cv.r), -math.inf, dtype=f, device=dev))
+        else:
+            parts_o.append(tail[0].to(dtype).reshape(B, H, cv.r, d))
+            parts_l.append(tail[1].to(f).reshape(B, H, cv.r))
+    if len(parts_o) == 1:
+        return parts_o[0], parts_l[0]
+    return torch.cat(parts_o, dim=2), torch.cat(parts_l, dim=2)
+
+
+def _dev(r: Any) -> Any:
+    return r[0].device if r is not None else "cpu"
+
+
+def _classes_backward(torch: Any, sh: Classes, n: int, q: Any, k: Any, v: Any, out: Any,
+                      lse: Any, do: Any, scale: float, aux: tuple[Any, Any],
+                      acc: tuple[Any, Any, Any]) -> None:
+    """Add a classes piece's ``(dq, dk, dv)`` into ``acc`` (float32 ``(B, Hg, n, d)`` views),
+    from the group's output and log-sum-exp."""
+    cv = _ClassViews(n, sh.s, sh.t0)
+    B, H, _, d = q.shape
+    L = cv.m - sh.t0
+    dq, dk, dv = acc
+    main, tail = aux
+    if main is not None:
+        t0 = sh.t0
+        mq, mk, mv, mo, mdo = (_flat(cv.main(x)) for x in (q, k, v, out, do))
+        ml = cv.main_rows(lse).reshape(B * H, sh.s, cv.m)
+        g = _sdpa_backward(torch, mdo[:, :, t0:], mq[:, :, t0:], mk[:, :, :L], mv[:, :, :L],
+                           mo[:, :, t0:], ml[:, :, t0:], True, scale, main[2])
+        for a, x, rows in ((dq, g[0], slice(t0, None)), (dk, g[1], slice(0, L)),
+                           (dv, g[2], slice(0, L))):
+            cv.main(a)[:, :, :, rows] += x.view(B, H, sh.s, -1, d)
+    if tail is not None:
+        tk, tv = _tail_keys(torch, cv, k), _tail_keys(torch, cv, v)
+        K = tk.shape[3]
+        rows = (cv.tail(x).reshape(B * H, cv.r, 1, d) for x in (q, out, do))
+        tq, to, tdo = rows
+        tl = cv.tail(lse).reshape(B * H, cv.r, 1)
+        g = _sdpa_backward(torch, tdo, tq, _flat(tk), _flat(tv), to, tl, False, scale, tail[2])
+        cv.tail(dq)[...] += g[0].view(B, H, cv.r, d)
+        for a, x in ((dk, g[1]), (dv, g[2])):
+            x = x.view(B, H, cv.r, K, d)
+            upto = min(K, cv.m)
+            cv.main(a)[:, :, : cv.r, :upto] += x[:, :, :, :upto]
+            if K > cv.m:  # t0 == 0: the tail query's own key
+                cv.tail(a)[...] += x[:, :, :, cv.m]
+
+
+# --------------------------------------------------------------------- merge
+def _merge(torch: Any, parts: list[tuple[Any, Any]], dtype: Any) -> tuple[Any, Any]:
+    """Pieces of one softmax, in token order, merged by their log-sum-exp: the output in
+    ``dtype`` and the log-sum-exp (float32, float64 for float64); a row no piece covers
+    is 0 and ``-inf``."""
+    f = torch.float64 if dtype == torch.float64 else torch.float32
+    if len(parts) == 1:
+        o, lse = parts[0]
+        return o.to(dtype), lse.to(f)
+    L = torch.stack([lse.to(f) for _, lse in parts])
+    top = L.amax(0)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    w = torch.exp(L - top)
+    tot = w.sum(0)
+    empty = tot == 0
+    safe = torch.where(empty, torch.ones_like(tot), tot)
+    acc = parts[0][0].to(f) * w[0][..., None]
+    for i in range(1, len(parts)):
+        acc = acc + parts[i][0].to(f) * w[i][..., None]
+    out = (acc / safe[..., None]).to(dtype)
+    return out, torch.where(empty, torch.full_like(tot, -math.inf), torch.log(safe) + top)
+
+
+def _finish(torch: Any, n: int, shape: tuple[int, ...], pieces: list[tuple], dtype: Any,
+            ) -> tuple[Any, Any]:
+    """Every piece of a group in token order, then merged (compiled as one on CUDA)."""
+    parts = []
+    for kind, a, b in pieces:
+        if kind == "classes":
+            parts.append(_classes_tokens(torch, a, n, shape, b[0], b[1], dtype))
+        else:
+            parts.append(b)
+    if not parts:
+        f = torch.float64 if dtype == torch.float64 else torch.float32
+        return (torch.zeros(shape, dtype=dtype), torch.full(shape[:3], -math.inf, dtype=f))
+    return _merge(torch, parts, dtype)
+
+
+_COMPILED: dict[str, Any] = {}
+
+
+def _finisher(torch: Any, device: Any) -> Any:
+    """:func:`_finish`, compiled once per process for CUDA (one fused kernel per group
+    shape); as it is on the CPU."""
+    if device.type != "cuda":
+        return _finish
+    if "finish" not in _COMPILED:
+        fn = torch.compile(_finish, dynamic=False)
+        cfg = torch._dynamo.config
+
+        def call(*args: Any) -> Any:
+            with cfg.patch(recompile_limit=max(64, cfg.recompile_limit),
+                           fail_on_recompile_limit_hit=True):
+                return fn(*args)
+
+        _COMPILED["finish"] = call
+    return _COMPILED["finish"]
+
+
+# --------------------------------------------------------------------- the call
+@dataclass
+class _Program:
+    """What a call does per softmax group: its pieces (``("classes", Classes)`` or
+    ``("flex", piece index)``) and the FlexAttention ``mask_mod`` kind."""
+
+    groups: list[list[tuple[str, Any]]]
+    mask: str
+
+
+def _program(torch: Any, plan: ExecutionPlan, pattern: Pattern | None, device: Any) -> _Program:
+    def build() -> _Program:
+        from .flex import mask_kind  # noqa: PLC0415
+
+        shapes = piece_shapes(plan, pattern)
+        groups: list[list[tuple[str, Any]]] = [[] for _ in range(plan.num_groups)]
+        for p in range(plan.num_pieces):
+            g = int(plan.piece_group[p])
+            sh = shapes[p]
+            groups[g].append(("classes", sh) if sh is not None else ("flex", p))
+        needs_flex = any(kind == "flex" for g in groups for kind, _ in g)
+        mask = mask_kind("auto", device, pattern, plan) if needs_flex else "bits"
+        return _Program(groups, mask)
+
+    return plan.memo(("torch_program", id(pattern), str(device)), build)
+
+
+def _group(t: Any, g: int, G: int) -> Any:
+    return t if G == 1 else t[:, g::G]
+
+
+def _run_forward(torch: Any, q: Any, k: Any, v: Any, plan: ExecutionPlan,
+                 pattern: Pattern | None, scale: float,
+                 keep: bool) -> tuple[Any, Any, list]:
+    """``(out, lse, saved)``: ``saved`` per group, per piece, what the backward needs."""
+    from .flex import piece_attention  # noqa: PLC0415
+
+    prog = _program(torch, plan, pattern, q.device)
+    B, H, n, d = q.shape
+    G = plan.num_groups
+    f = torch.float64 if q.dtype == torch.float64 else torch.float32
+    how = "eager" if q.device.type == "cpu" else "compiled"
+    finish = _finisher(torch, q.device)
+    outs, saved = [], []
+    for g in range(min(G, H)):
+        qs, ks, vs = (_group(t, g, G) for t in (q, k, v))
+        pieces, keeps = [], []
+        for kind, what in prog.groups[g]:
+            if kind == "classes":
+                res = _classes_forward(torch, what, n, qs, ks, vs, scale)
+                pieces.append(("classes", what, res))
+                keeps.append(("classes", what, tuple(None if r is None else r for r in res)))
+                continue
+            if keep:  # FlexAttention's own graph, kept for the backward
+                with torch.enable_grad():
+                    leaves = [t.detach().requires_grad_(True) for t in (qs, ks, vs)]
+                    o, lse = piece_attention(torch, plan, what, *leaves, scale, how, prog.mask,
+                                             pattern, True, True)
+                keeps.append(("flex", what, (leaves, o, lse)))
+                o, lse = o.detach(), lse.detach()
+            else:
+                o, lse = piece_attention(torch, plan, what, qs, ks, vs, scale, how, prog.mask,
+                                         pattern, True, False)
+                keeps.append(("flex", what, None))
+            pieces.append(("flex", what, (o, lse)))
+        og, lg = finish(torch, n, tuple(qs.shape), pieces, q.dtype)
+        outs.append((og, lg))
+        saved.append(keeps)
+    if G == 1:
+        out, lse = outs[0]
+    else:
+        out = torch.zeros((B, H, n, d), dtype=q.dtype, device=q.device)
+        lse = torch.full((B, H, n), -math.inf, dtype=f, device=q.device)
+        for g, (og, lg) in enumerate(outs):
+            out[:, g::G] = og
+            lse[:, g::G] = lg
+    return out, lse, saved
+
+
+def _run_backward(torch: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, do: Any,
+                  plan: ExecutionPlan, scale: float, saved: list) -> tuple[Any, Any, Any]:
+    B, H, n, d = q.shape
+    G = plan.num_groups
+    f = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = [torch.zeros((B, H, n, d), dtype=f, device=q.device) for _ in range(3)]
+    do = do.to(q.dtype)
+    for g in range(min(G, H)):
+        qs, ks, vs, os_, ds = (_group(t, g, G) for t in (q, k, v, out, do))
+        ls = _group(lse, g, G)
+        ag = [_group(a, g, G) for a in acc]
+        for kind, what, keep in saved[g]:
+            if kind == "classes":
+                _classes_backward(torch, what, n, qs, ks, vs, os_, ls, ds, scale, keep, ag)
+                continue
+            leaves, o, lp = keep
+            # this piece's share of the group: weight exp(lse_p - lse) on dO and on its lse
+            fin = torch.isfinite(ls)
+            w = torch.where(fin, torch.exp(lp.detach().to(f) - torch.where(fin, ls, 0)), 0)
+            dof = ds.to(f)
+            d_o = (w[..., None] * dof).to(o.dtype)
+            d_l = w * (dof * (o.detach().to(f) - os_.to(f))).sum(-1)
+            grads = torch.autograd.grad([o, lp], leaves, [d_o, d_l.to(lp.dtype)],
+                                        allow_unused=True)
+            for a, x in zip(ag, grads, strict=True):
+                if x is not None:
+                    a += x.to(f)
+    return tuple(a.to(q.dtype) for a in acc)
+
+
+def _autograd_function(torch: Any) -> Any:
+    if "fn" in _COMPILED:
+        return _COMPILED["fn"]
+    from torch.autograd.function import once_differentiable  # noqa: PLC0415
+
+    class PlanAttention(torch.autograd.Function):
+        """The call as one autograd node: its backward is each piece's own backward."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, plan, pattern, scale):  # type: ignore[override]
+            keep = any(ctx.needs_input_grad[:3])
+            out, lse, saved = _run_forward(torch, q, k, v, plan, pattern, scale, keep)
+            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.plan, ctx.scale, ctx.saved = plan, scale, saved
+            ctx.mark_non_differentiable(lse)
+            return out, lse
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, dout, dlse):  # type: ignore[override]
+            q, k, v, out, lse = ctx.saved_tensors
+            dq, dk, dv = _run_backward(torch, q, k, v, out, lse, dout, ctx.plan, ctx.scale,
+                                       ctx.saved)
+            ctx.saved = None
+            return dq, dk, dv, None, None, None
+
+    _COMPILED["fn"] = PlanAttention
+    return PlanAttention
+
+
+def plan_attention(q: Any, k: Any, v: Any, plan: ExecutionPlan, *,
+                   pattern: Pattern | None = None, scale: float | None = None,
+                   return_lse: bool = False) -> Any:
+    """Sparse attention of ``plan`` on torch tensors, differentiable (``impl="torch"``).
+
+    Parameters
+    ----------
+    q, k, v : torch.Tensor, shape (B, H, n, d)
+        One device and dtype; attention head ``h`` uses softmax group ``h % G``.
+    plan : ExecutionPlan
+        On CUDA its ``block`` a multiple of 128.
+    pattern : Pattern, optional
+        The plan's pattern: its family's offsets and formula choose each piece's kernel
+        (without it every piece runs on FlexAttention with the plan's bit table).
+    scale : float, optional
+        ``1 / sqrt(d)`` by default.
+    return_lse : bool
+        Also return the log-sum-exp (not differentiable).
+
+    Examples
+    --------
+    >>> import torch, sparse_patterns as sps
+    >>> pat = sps.make("strided", 24, stride=5)
+    >>> pl = sps.plan(pat, block=8, mode="merged")
+    >>> x = torch.randn(1, 2, 24, 8, dtype=torch.float64)
+    >>> out = plan_attention(x, x, x, pl, pattern=pat)
+    >>> ref = sps.attention(x, x, x, pat, mode="merged", impl="reference")
+    >>> bool(torch.allclose(out, ref, atol=1e-12))
+    True
+    """
+    import torch  # noqa: PLC0415
+
+    from ._inputs import check_scale  # noqa: PLC0415
+
+    _check(torch, q, k, v, plan)
+    sc = check_scale(scale, q.shape[3])
+    if q.device.type == "cpu":
+        from .flex import _check_eager_fits  # noqa: PLC0415
+
+        if any(kind == "flex" for grp in _program(torch, plan, pattern, q.device).groups
+               for kind, _ in grp):
+            _check_eager_fits(plan, tuple(q.shape), q.element_size())
+    out, lse = _autograd_function(torch).apply(q, k, v, plan, pattern, sc)
+    return (out, lse) if return_lse else out
+
+
+def _check(torch: Any, q: Any, k: Any, v: Any, plan: ExecutionPlan) -> None:
+    from ._inputs import check_shapes  # noqa: PLC0415
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: impl='torch' takes torch tensors, got {type(t).__name__}")
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name}: dtype {t.dtype} disagrees with q's {q.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name}: on {t.device}, q on {q.device}; put them on one device")
+    dt = str(q.dtype).removeprefix("torch.")
+    allowed = ("float16", "bfloat16", "float32") if q.device.type == "cuda" else (
+        "float16", "bfloat16", "float32", "float64")
+    if dt not in allowed:
+        raise ValueError(f"q: dtype {dt} is not supported by impl='torch' on "
+                         f"{q.device.type}; use one of {', '.join(allowed)}")
+    shape = check_shapes({"q": q, "k": k, "v": v})
+    if min(shape) < 1:
+        raise ValueError(f"q: every dimension of (B, H, n, d) must be >= 1, got {shape}")
+    if shape[2] != plan.n:
+        raise ValueError(f"q: sequence length n={shape[2]} disagrees with the plan's n={plan.n}")
+    if q.device.type == "cuda":
+        d = shape[3]
+        if d > GPU_MAX_HEAD_DIM or d % 8:
+            raise ValueError(f"q: head dimension d={d} is not supported by impl='torch' on CUDA; "
+                             f"use a multiple of 8 in [8, {GPU_MAX_HEAD_DIM}]")
+        if plan.block % GPU_BLOCK:
+            raise ValueError(f"block: must be a multiple of {GPU_BLOCK} for impl='torch' on "
+                             f"CUDA (FlexAttention's tile), got {plan.block}")
+
+
+# --------------------------------------------------------------------- the backend
+class _Torch(Backend):
+    """``impl="torch"``: the plan's pieces on PyTorch's attention kernels."""
+
+    name = "torch"
+    description = ("the plan's pieces on PyTorch's kernels: residue classes as batched causal "
+                   "SDPA, the rest on FlexAttention, one log-sum-exp merge (the GPU path)")
+    devices = ("cpu", "cuda")
+    kinds = ("torch", "numpy")
+    blocks = {"cpu": GPU_BLOCK, "cuda": GPU_BLOCK}
+    autograd = True
+
+    def require(self) -> None:
+        try:
+            import torch  # noqa: F401, PLC0415
+            from torch.nn.attention.flex_attention import BlockMask  # noqa: F401, PLC0415
+        except ImportError as e:
+            raise ValueError(
+                f"impl: 'torch' needs torch >= 2.5 with FlexAttention, not importable ({e})"
+            ) from e
+
+    def more_reasons(self, inputs: Inputs, plan: ExecutionPlan | None,
+                     pattern: Pattern | None) -> list[str]:
+        from .flex import available  # noqa: PLC0415
+
+        if not available():
+            return ["torch with FlexAttention (torch >= 2.5) is not importable"]
+        if inputs.device != "cuda":
+            if inputs.kind == "numpy" or inputs.kind == "torch":
+                return []
+            return [f"q: a {inputs.kind} array; impl='torch' takes torch tensors"]
+        out = []
+        if inputs.kind != "torch":
+            out.append("q: impl='torch' on CUDA takes torch tensors")
+        if inputs.dtype == "float64":
+            out.append("q: dtype float64 on CUDA; impl='torch' takes float16, bfloat16, float32")
+        d = inputs.head_dim
+        if d > GPU_MAX_HEAD_DIM or d % 8:
+            out.append(f"q: head dimension {d}; impl='torch' on CUDA takes multiples of 8 up "
+                       f"to {GPU_MAX_HEAD_DIM}")
+        if plan is not None and plan.block % GPU_BLOCK:
+            out.append(f"block: {plan.block}; impl='torch' on CUDA takes multiples of "
+                       f"{GPU_BLOCK}")
+        return out
+
+    def forward(self, q: Any, k: Any, v: Any, plan: ExecutionPlan, *,
+                pattern: Pattern | None = None, scale: float | None = None,
+                return_lse: bool = False) -> Any:
+        import torch  # noqa: PLC0415
+
+        kinds = {isinstance(a, np.ndarray) for a in (q, k, v)}
+        if len(kinds) > 1:
+            raise ValueError("q, k, v: mix NumPy arrays and torch tensors; pass one kind")
+        numpy_in = kinds == {True}
+        if numpy_in:
+            q, k, v = (torch.from_numpy(np.ascontiguousarray(a)) for a in (q, k, v))
+        with torch.no_grad():
+            out, lse = plan_attention(q, k, v, plan, pattern=pattern, scale=scale,
+                                      return_lse=True)
+        if numpy_in:
+            out, lse = out.numpy(), lse.numpy()
+        return (out, lse) if return_lse else out
+
+    def backward(self, q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, plan: ExecutionPlan,
+                 *, pattern: Pattern | None = None,
+                 scale: float | None = None) -> tuple[Any, Any, Any]:
+        import torch  # noqa: PLC0415
+
+        numpy_in = isinstance(q, np.ndarray)
+        t = [torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a
+             for a in (q, k, v, do)]
+        with torch.enable_grad():
+            x = [a.detach().requires_grad_(True) for a in t[:3]]
+            out = plan_attention(*x, plan, pattern=pattern, scale=scale)
+            grads = torch.autograd.grad(out, x, t[3].to(out.dtype))
+        return tuple(g.numpy() for g in grads) if numpy_in else tuple(grads)
+
+    def differentiable(self, q: Any, k: Any, v: Any, plan: ExecutionPlan, *,
+                       pattern: Pattern | None = None, scale: float | None = None) -> Any:
+        return plan_attention(q, k, v, plan, pattern=pattern, scale=scale)
+
+    def note(self, plan: ExecutionPlan, inputs: Inputs) -> str:
+        import torch  # noqa: PLC0415
+
+        prog = _program(torch, plan, None, torch.device(inputs.device))
+        sdpa = sum(kind == "classes" for g in prog.groups for kind, _ in g)
+        return (f"{sdpa} piece(s) on causal SDPA, {plan.num_pieces - sdpa} on FlexAttention "
+                f"({prog.mask} mask), block {plan.block}")
+
+
+#: The PyTorch-kernels backend (:class:`~sparse_patterns.kernels.backend.Backend`).
+BACKEND = _Torch()
