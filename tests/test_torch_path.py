@@ -132,3 +132,48 @@ def test_bad_inputs_name_the_argument():
         attention(x[:, :, :8], x[:, :, :8], x[:, :, :8], pat, impl="torch")
     with pytest.raises(ValueError, match="^q, k, v: mix"):
         attention(x, x.numpy(), x, pat, impl="torch")
+
+
+def test_tensors_on_two_devices_are_refused_in_one_line():
+    pat = sps.make("strided", 16, stride=4)
+    x = torch.zeros(1, 1, 16, 8)
+    with pytest.raises(ValueError, match=r"^k: on meta, q on cpu; put q, k, v"):
+        attention(x, x.to("meta"), x, pat)
+
+
+def test_the_gpu_reasons_name_the_argument_and_the_allowed_values():
+    from sparse_patterns.kernels import get_backend
+    from sparse_patterns.kernels.backend import Inputs
+
+    be = get_backend("torch")
+    pl = plan(sps.make("strided", 256, stride=16), block=64, mode="merged")
+    why = be.reasons(Inputs("torch", "cuda", "float64", (1, 8, 256, 70)), pl)
+    assert any(r.startswith("q: dtype float64 on CUDA") for r in why)
+    assert any(r.startswith("q: head dimension 70") and "multiples of 8 up to 256" in r
+               for r in why)
+    assert any(r.startswith("block: 64") and "multiples of 128" in r for r in why)
+    assert be.reasons(Inputs("torch", "cuda", "bfloat16", (1, 8, 256, 64)),
+                      plan(sps.make("strided", 256, stride=16), block=128)) == []
+    assert be.default_block("cuda") == 128 and get_backend("numba").default_block("cpu") == 32
+
+
+def test_auto_takes_numba_on_the_cpu_and_lists_every_reason_when_nothing_runs():
+    from sparse_patterns.kernels import cuda
+    from sparse_patterns.kernels.backend import choose
+
+    pat = sps.make("strided", 16, stride=4)
+    be, _, pl = choose("auto", {"q": torch.zeros(1, 1, 16, 8)}, pat, "merged", None)
+    assert (be.name, pl.block) == ("numba", 32)
+
+    class DeviceArray:  # what numba device arrays look like from outside: on a GPU
+        __cuda_array_interface__: dict = {}
+        shape, dtype = (1, 1, 16, 8), "float32"
+
+    if cuda.available():
+        assert choose("auto", {"q": DeviceArray()}, pat, "merged", None)[0].name == "cuda"
+        return
+    with pytest.raises(ValueError) as err:
+        choose("auto", {"q": DeviceArray()}, pat, "merged", None)
+    msg = str(err.value)
+    assert msg.startswith("impl: 'auto' found no backend for numba float32 inputs on cuda")
+    assert "torch: q: a numba array" in msg and "cuda: numba-cuda" in msg and "\n" not in msg

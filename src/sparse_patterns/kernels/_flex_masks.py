@@ -41,7 +41,7 @@ from ..pattern import Pattern
 from .planning import ExecutionPlan
 
 __all__ = ["MASKS", "BYTES_LIMIT", "piece_block_mask", "piece_members", "probe_positions", "tile_layouts",
-           "index", "perm", "cpu_group", "release_workspace", "on_device"]
+           "index", "perm", "cpu_group", "release_workspace", "on_device", "key_extent"]
 
 #: How a piece's ``mask_mod`` decides its partial tiles (``"auto"``: formula on the CPU
 #: when the pattern has one, else bits).
@@ -243,8 +243,11 @@ def _formula_mask_mod(torch: Any, plan: ExecutionPlan, p: int, rule: Callable,
 # --------------------------------------------------------------------- BlockMask
 def piece_block_mask(plan: ExecutionPlan, p: int, *, device: Any, mask: str = "bits",
                      pattern: Pattern | None = None, anchor: bool = False,
-                     with_q: bool = False) -> Any:
+                     with_q: bool = False, trim: bool = False) -> Any:
     """The FlexAttention ``BlockMask`` of piece ``p`` in its own order, on ``device``.
+
+    ``trim``: only the piece's first :func:`key_extent` key positions (a summary-keys
+    piece reads its ``u`` keys, gathered once, not ``n``); shape ``(1, 1, n, extent)``.
 
     ``BLOCK_SIZE`` is the plan's ``block``; shape ``(1, 1, n, n)`` broadcast over
     batch and heads, or ``(1, 1, n, nb * block + 1)`` with ``anchor``. The
@@ -264,12 +267,34 @@ def piece_block_mask(plan: ExecutionPlan, p: int, *, device: Any, mask: str = "b
     >>> bm.shape, bm.to_dense()[0, 0].tolist(), pl.piece_kind[1]
     ((1, 1, 8, 8), [[1, 0], [0, 1]], 'residue(2)')
     """
-    key = ("flex_bm", p, str(device), mask, anchor, with_q)
-    return plan.memo(key, lambda: _build(plan, p, device, mask, pattern, anchor, with_q))
+    key = ("flex_bm", p, str(device), mask, anchor, with_q, trim)
+    keys = key_extent(plan, p) if trim else None
+    return plan.memo(key, lambda: _build(plan, p, device, mask, pattern, anchor, with_q, keys))
+
+
+def key_extent(plan: ExecutionPlan, p: int) -> int:
+    """Key positions of piece ``p``'s order up to the end of its last key block with a tile
+    (``n`` for most pieces; about ``u`` for a ``keys(u)`` piece).
+
+    Examples
+    --------
+    >>> import sparse_patterns as sps
+    >>> pl = sps.plan(sps.make("fixed", 64, stride=16, c=2), block=8, mode="merged")
+    >>> pl.piece_kind, [key_extent(pl, p) for p in range(pl.num_pieces)]
+    (('identity', 'keys(6)'), [64, 8])
+    """
+    def build() -> int:
+        nb = plan.nb
+        lo, hi = plan.tile_ptr[p * nb], plan.tile_ptr[(p + 1) * nb]
+        if hi == lo:
+            return plan.n
+        return min(plan.n, (int(plan.tile_col[lo:hi].max()) + 1) * plan.block)
+
+    return plan.memo(("flex_keys", p), build)
 
 
 def _build(plan: ExecutionPlan, p: int, device: Any, mask: str, pattern: Pattern | None,
-           anchor: bool, with_q: bool) -> Any:
+           anchor: bool, with_q: bool, keys: int | None = None) -> Any:
     import torch  # noqa: PLC0415
     from torch.nn.attention.flex_attention import BlockMask  # noqa: PLC0415
 
@@ -278,6 +303,9 @@ def _build(plan: ExecutionPlan, p: int, device: Any, mask: str, pattern: Pattern
     check_fits(f"block: the BlockMask of piece {p} at n={n:,} with {nb:,} blocks a side",
                nb * nbk * (4 + 2 + 8 * (4 if with_q else 2)), "a larger block")
     table = tile_layouts(plan, p, nbk)
+    if keys is not None:  # only the key blocks the piece has tiles in
+        nbk = -(-keys // B)
+        table = np.ascontiguousarray(table[:, :nbk])
     full = table == 1
     partial = table >= 2
     if anchor:
@@ -313,7 +341,7 @@ def _build(plan: ExecutionPlan, p: int, device: Any, mask: str, pattern: Pattern
         ordered_into(sel, num, idx)
         t[prefix] = (torch.from_numpy(num[None, None]).to(device),
                      torch.from_numpy(idx[None, None]).to(device))
-    seq = (n, nb * B + 1 if anchor else n)
+    seq = (n, nb * B + 1 if anchor else n if keys is None else keys)
     try:  # the q_* tensors (the backward's) are ours: no dense (nb, nb) transposes in torch
         bm = BlockMask.from_kv_blocks(*t["kv"], *t["full_kv"], BLOCK_SIZE=B, mask_mod=mask_mod,
                                       seq_lengths=seq, compute_q_blocks=False)

@@ -63,13 +63,21 @@ import numpy as np
 from .. import config
 from .._validate import check_choice
 from ..pattern import Pattern
-from ._flex_masks import MASKS, cpu_group, perm, piece_block_mask, release_workspace
+from ._flex_masks import (
+    MASKS,
+    cpu_group,
+    key_extent,
+    perm,
+    piece_block_mask,
+    release_workspace,
+)
 from ._inputs import check_scale, check_shapes, resolve
 from .backend import Backend, Inputs
 from .planning import BLOCK, ExecutionPlan
 
 __all__ = ["BACKEND", "FLEX_BLOCK", "MASKS", "RECOMPILE_LIMIT", "flex_attention_plan", "forward", "backward",
-           "available", "check_block", "release_workspace", "piece_attention", "mask_kind"]
+           "available", "check_block", "release_workspace", "piece_attention", "mask_kind",
+           "check_eager_fits"]
 
 #: FlexAttention's block size on a GPU: ``impl="flex"`` on CUDA needs a plan ``block``
 #: that is a multiple of it (any ``block`` runs on the CPU).
@@ -231,16 +239,18 @@ def _how(compile: Any, device: Any, dtype: Any, grad: bool, torch: Any) -> str:
     return "compiled" if compile else "eager"
 
 
-def _check_eager_fits(plan: ExecutionPlan, shape: tuple[int, ...], itemsize: int) -> None:
-    """Eager FlexAttention holds ``(n, n)`` scores, probabilities and masks per piece."""
+def check_eager_fits(plan: ExecutionPlan, shape: tuple[int, ...], itemsize: int,
+                     what: str = "compile: eager FlexAttention (on the CPU with gradients, "
+                                 "or float64)") -> None:
+    """Eager FlexAttention holds ``(n, n)`` scores, probabilities and masks per piece:
+    a ``MemoryLimitError`` beginning with ``what`` when that passes the memory limit."""
     B, H, n, d = shape
     heads = max(len(range(g, H, plan.num_groups)) for g in range(min(plan.num_groups, H)))
     need = n * n * (64 + 4 * B * heads * max(itemsize, 4)) + 16 * B * H * n * d * itemsize
     limit = config.get_memory_limit()
     if need > limit:
         raise config.MemoryLimitError(
-            f"compile: eager FlexAttention (on the CPU with gradients, or float64) holds dense "
-            f"(n, n) scores per piece; at (B, H, n, d) = {tuple(shape)} it needs "
+            f"{what} holds dense (n, n) scores per piece; at (B, H, n, d) = {tuple(shape)} it needs "
             f"{config.format_bytes(need)}, above the memory limit of {config.format_bytes(limit)} "
             "(sparse_patterns.config.set_memory_limit); use impl='numba' on the CPU"
         )
@@ -276,8 +286,12 @@ def piece_attention(torch: Any, plan: ExecutionPlan, p: int, q: Any, k: Any, v: 
     dev = q.device
     qp, kp = perm(torch, plan, "qperm", p, dev), perm(torch, plan, "kperm", p, dev)
     xq = q if qp is None else q.index_select(2, qp)
+    K = key_extent(plan, p)  # a summary-keys piece: its keys gathered once, not all n
+    if kp is not None and K < plan.n:
+        kp = kp[:K]
     xk, xv = (k, v) if kp is None else (k.index_select(2, kp), v.index_select(2, kp))
-    bm = piece_block_mask(plan, p, device=dev, mask=mask, pattern=pattern, with_q=grad)
+    bm = piece_block_mask(plan, p, device=dev, mask=mask, pattern=pattern, with_q=grad,
+                          trim=kp is not None and K < plan.n)
     if how == "eager":
         o, lse = _eager(torch, xq, xk, xv, bm, scale)
     elif need_lse:
@@ -363,7 +377,7 @@ def flex_attention_plan(
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     how = _how(compile, q.device, q.dtype, grad, torch)
     if how == "eager":
-        _check_eager_fits(plan, tuple(q.shape), q.element_size())
+        check_eager_fits(plan, tuple(q.shape), q.element_size())
     mask = mask_kind(mask, q.device, pattern, plan)
     f = torch.float64 if q.dtype == torch.float64 else torch.float32
     G = plan.num_groups

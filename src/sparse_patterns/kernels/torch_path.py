@@ -536,11 +536,13 @@ def plan_attention(q: Any, k: Any, v: Any, plan: ExecutionPlan, *,
     _check(torch, q, k, v, plan)
     sc = check_scale(scale, q.shape[3])
     if q.device.type == "cpu":
-        from .flex import _check_eager_fits  # noqa: PLC0415
+        from .flex import check_eager_fits  # noqa: PLC0415
 
         if any(kind == "flex" for grp in _program(torch, plan, pattern, q.device).groups
                for kind, _ in grp):
-            _check_eager_fits(plan, tuple(q.shape), q.element_size())
+            check_eager_fits(plan, tuple(q.shape), q.element_size(),
+                             "n: impl='torch' on the CPU runs FlexAttention's eager operator, "
+                             "which")
     out, lse = _autograd_function(torch).apply(q, k, v, plan, pattern, sc)
     return (out, lse) if return_lse else out
 
