@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .planning import ExecutionPlan
 
 __all__ = ["Inputs", "Backend", "BUILTIN", "AUTO", "FLOATS", "get", "names", "register",
-           "unregister", "choose"]
+           "unregister", "choose", "as_tensors", "grads_by_autograd"]
 
 #: The float dtypes (by name) that attention takes.
 FLOATS = ("float16", "bfloat16", "float32", "float64")
@@ -227,6 +227,51 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"<backend {self.name!r}: {self.description}>"
+
+
+# --------------------------------------------------------------------- torch backends
+def as_tensors(arrays: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """torch tensors of ``arrays`` (NumPy arrays shared, not copied), and whether they were
+    NumPy; a one-line ``ValueError`` for a mix of the two.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> t, was_numpy = as_tensors({"q": np.zeros((1, 1, 2, 2))})
+    >>> type(t["q"]).__name__, was_numpy
+    ('Tensor', True)
+    """
+    import numpy as np  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    kinds = {isinstance(a, np.ndarray) for a in arrays.values()}
+    if len(kinds) > 1:
+        raise ValueError("q, k, v: mix NumPy arrays and torch tensors; pass one kind")
+    if kinds == {True}:
+        return {k: torch.from_numpy(np.ascontiguousarray(a)) for k, a in arrays.items()}, True
+    return dict(arrays), False
+
+
+def grads_by_autograd(fn: Any, q: Any, k: Any, v: Any, do: Any) -> tuple[Any, Any, Any]:
+    """``(dq, dk, dv)`` of ``fn(q, k, v)`` against ``do``, by torch autograd: the backward of
+    a backend that torch differentiates (NumPy in, NumPy out).
+
+    Examples
+    --------
+    >>> import torch
+    >>> x = torch.ones(1, 1, 2, 2)
+    >>> grads_by_autograd(lambda q, k, v: q * k, x, 2 * x, x, x)[0][0, 0, 0].tolist()
+    [2.0, 2.0]
+    """
+    import torch  # noqa: PLC0415
+
+    t, numpy_in = as_tensors({"q": q, "k": k, "v": v, "do": do})
+    with torch.enable_grad():
+        x = [t[name].detach().requires_grad_(True) for name in ("q", "k", "v")]
+        out = fn(*x)
+        grads = torch.autograd.grad(out, x, t["do"].to(out.dtype), allow_unused=True)
+    grads = tuple(torch.zeros_like(a) if g is None else g for a, g in zip(x, grads, strict=True))
+    return tuple(g.numpy() for g in grads) if numpy_in else grads
 
 
 # --------------------------------------------------------------------- the table

@@ -58,8 +58,6 @@ import math
 import warnings
 from typing import Any
 
-import numpy as np
-
 from .. import config
 from .._validate import check_choice
 from ..pattern import Pattern
@@ -72,7 +70,7 @@ from ._flex_masks import (
     release_workspace,
 )
 from ._inputs import check_scale, check_shapes, resolve
-from .backend import Backend, Inputs
+from .backend import Backend, Inputs, as_tensors, grads_by_autograd
 from .planning import BLOCK, ExecutionPlan
 
 __all__ = ["BACKEND", "FLEX_BLOCK", "MASKS", "RECOMPILE_LIMIT", "flex_attention_plan", "forward", "backward",
@@ -424,16 +422,6 @@ def flex_attention_plan(
 
 
 # --------------------------------------------------------------------- kernels.attention
-def _tensors(torch: Any, arrays: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    """torch tensors of ``arrays`` (NumPy arrays shared, not copied), and whether they were NumPy."""
-    kinds = {isinstance(a, np.ndarray) for a in arrays.values()}
-    if len(kinds) > 1:
-        raise ValueError("q, k, v: mix NumPy arrays and torch tensors; pass one kind")
-    if kinds == {True}:
-        return {k: torch.from_numpy(np.ascontiguousarray(a)) for k, a in arrays.items()}, True
-    return dict(arrays), False
-
-
 def forward(q: Any, k: Any, v: Any, pattern: Pattern | ExecutionPlan, *,
             mode: str = "multihead", scale: float | None = None, return_lse: bool = False,
             block: int = BLOCK) -> Any:
@@ -454,7 +442,7 @@ def forward(q: Any, k: Any, v: Any, pattern: Pattern | ExecutionPlan, *,
     """
     torch, _ = _api()
     pat, pl = resolve(pattern, mode, block)
-    t, numpy_in = _tensors(torch, {"q": q, "k": k, "v": v})
+    t, numpy_in = as_tensors({"q": q, "k": k, "v": v})
     with torch.no_grad():
         out, lse = flex_attention_plan(t["q"], t["k"], t["v"], pl, scale=scale, return_lse=True,
                                        pattern=pat)
@@ -481,14 +469,10 @@ def backward(q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, pattern: Pattern
     >>> all(np.allclose(a, b, atol=1e-10) for a, b in zip(g, want))
     True
     """
-    torch, _ = _api()
+    _api()
     pat, pl = resolve(pattern, mode, block)
-    t, numpy_in = _tensors(torch, {"q": q, "k": k, "v": v, "do": do})
-    with torch.enable_grad():
-        x = [t[name].detach().requires_grad_(True) for name in ("q", "k", "v")]
-        out = flex_attention_plan(*x, pl, scale=scale, pattern=pat)
-        grads = torch.autograd.grad(out, x, t["do"].to(out.dtype))
-    return tuple(g.numpy() for g in grads) if numpy_in else tuple(grads)
+    return grads_by_autograd(
+        lambda *x: flex_attention_plan(*x, pl, scale=scale, pattern=pat), q, k, v, do)
 
 
 class _Flex(Backend):

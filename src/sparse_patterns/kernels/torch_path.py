@@ -41,10 +41,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ..pattern import Pattern
-from .backend import Backend, Inputs
+from .backend import Backend, Inputs, as_tensors, grads_by_autograd
 from .planning import ExecutionPlan
 
 __all__ = ["BACKEND", "Classes", "piece_shapes", "plan_attention"]
@@ -628,15 +626,10 @@ class _Torch(Backend):
                 return_lse: bool = False) -> Any:
         import torch  # noqa: PLC0415
 
-        kinds = {isinstance(a, np.ndarray) for a in (q, k, v)}
-        if len(kinds) > 1:
-            raise ValueError("q, k, v: mix NumPy arrays and torch tensors; pass one kind")
-        numpy_in = kinds == {True}
-        if numpy_in:
-            q, k, v = (torch.from_numpy(np.ascontiguousarray(a)) for a in (q, k, v))
+        t, numpy_in = as_tensors({"q": q, "k": k, "v": v})
         with torch.no_grad():
-            out, lse = plan_attention(q, k, v, plan, pattern=pattern, scale=scale,
-                                      return_lse=True)
+            out, lse = plan_attention(t["q"], t["k"], t["v"], plan, pattern=pattern,
+                                      scale=scale, return_lse=True)
         if numpy_in:
             out, lse = out.numpy(), lse.numpy()
         return (out, lse) if return_lse else out
@@ -644,16 +637,8 @@ class _Torch(Backend):
     def backward(self, q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, plan: ExecutionPlan,
                  *, pattern: Pattern | None = None,
                  scale: float | None = None) -> tuple[Any, Any, Any]:
-        import torch  # noqa: PLC0415
-
-        numpy_in = isinstance(q, np.ndarray)
-        t = [torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a
-             for a in (q, k, v, do)]
-        with torch.enable_grad():
-            x = [a.detach().requires_grad_(True) for a in t[:3]]
-            out = plan_attention(*x, plan, pattern=pattern, scale=scale)
-            grads = torch.autograd.grad(out, x, t[3].to(out.dtype))
-        return tuple(g.numpy() for g in grads) if numpy_in else tuple(grads)
+        return grads_by_autograd(
+            lambda *x: plan_attention(*x, plan, pattern=pattern, scale=scale), q, k, v, do)
 
     def differentiable(self, q: Any, k: Any, v: Any, plan: ExecutionPlan, *,
                        pattern: Pattern | None = None, scale: float | None = None) -> Any:
