@@ -19,12 +19,12 @@ from sparse_patterns.testing import ORACLES, attention_oracle, dense_oracle
 torch = pytest.importorskip("torch")
 flex = pytest.importorskip("torch.nn.attention.flex_attention")
 
-from sparse_patterns.export import _formulas as formulas_mod  # noqa: E402
 from sparse_patterns.export import (  # noqa: E402
     flex_mask_mod,
     from_flex_block_mask,
     to_flex_block_mask,
 )
+from sparse_patterns.patterns import formulas as formulas_mod  # noqa: E402
 
 LENGTHS = (1, 3, 9, 2, 12, 5)  # n = 32; 1, 2 and 3 are shorter than the strides
 

@@ -33,7 +33,7 @@ import functools
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -42,6 +42,9 @@ from ._rule import CHUNK_ENTRIES, PatternRule
 from ._validate import MAX_N, _repr_text
 from .layout import BlockLayout
 from .pattern import Pattern
+
+if TYPE_CHECKING:
+    from .patterns._flex import Rule
 
 __all__ = [
     "OPS", "MAX_DEPTH", "MAX_NODES", "ExpressionRule", "combine", "expression_recipe",
@@ -459,7 +462,6 @@ def from_expression(recipe: Any, *, where: str = "recipe") -> Pattern:
 
 
 # -------------------------------------------------------------------------- flex
-Rule = Callable[[Any, Any], Any]  # rule(q_idx, kv_idx) -> bool tensor, one head
 
 
 def _registered_flex(p: Pattern) -> list[Rule] | None:

@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from .._stream import check_fits, chunk_rows, ordered_into
 from .._validate import check_choice, check_int
 from ..pattern import DENSE_LIMIT, Pattern
+from ..patterns.formulas import DOCUMENT_FORMULAS_LIMIT, formula_of
 from ._common import head_plan
-from ._formulas import DOCUMENT_FORMULAS_LIMIT, trusted_formula
-from ._stream import check_fits, chunk_rows, ordered_into
 
 __all__ = [
     "to_flex_block_mask", "flex_mask_mod", "from_flex_block_mask", "flex_block_tensors",
@@ -238,7 +238,7 @@ def flex_mask_mod(
     mode, plan = head_plan(pattern, mode, num_heads)
     n = pattern.n
     p = pattern.num_heads
-    rules = trusted_formula(pattern) if impl in ("auto", "formula") else None
+    rules = formula_of(pattern) if impl in ("auto", "formula") else None
     if impl == "formula" and rules is None:
         raise ValueError(
             f"impl: no formula for pattern {pattern.name!r} (a registered family whose heads "

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .._atomic import atomic_write
+from .._stream import chunk_rows, head_indices, index_dtype
 from ..pattern import Pattern
 from ._codec import (
     MAX_INFLATE,
@@ -26,7 +27,6 @@ from ._codec import (
     meta_of,
 )
 from ._codec import one_line as _one
-from ._stream import chunk_rows, head_indices, index_dtype
 
 __all__ = ["write", "read"]
 

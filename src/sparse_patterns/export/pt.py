@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .._atomic import atomic_write
+from .._stream import check_load
 from .._validate import MAX_N, check_choice
 from ..pattern import Pattern
 from ._codec import (
@@ -41,7 +42,6 @@ from ._codec import (
     one_line,
     short_repr,
 )
-from ._stream import check_load
 from .formats import TORCH_FORMATS
 
 __all__ = ["save_torch_export", "read"]

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .._atomic import atomic_write
+from .._stream import chunk_rows, index_dtype
 from ..pattern import Pattern
 from ._codec import (
     MAX_HEADS,
@@ -26,7 +27,6 @@ from ._codec import (
     one_line,
     short_repr,
 )
-from ._stream import chunk_rows, index_dtype
 
 __all__ = ["write", "read"]
 

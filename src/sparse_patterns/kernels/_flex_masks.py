@@ -13,7 +13,7 @@ one of two, both exact at every position:
   all clear, all set), one byte a cell up to :data:`BYTES_LIMIT`, else the
   plan's bit-packed int64 words. Any plan.
 * ``"formula"``: the family's FlexAttention formula
-  (:func:`sparse_patterns.export._formulas.trusted_formula`) at the tokens
+  (:func:`sparse_patterns.patterns.formulas.formula_of`) at the tokens
   ``qperm[x]``, ``kperm[y]``, restricted to the piece's share of its softmax
   group (a merged piece takes the pairs whose lowest head is a member). One
   gather per side and arithmetic. Needs the pattern.
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..export._stream import check_fits, ordered_into
+from .._stream import check_fits, ordered_into
 from ..pattern import Pattern
 from .planning import ExecutionPlan
 
@@ -200,7 +200,7 @@ def on_device(torch: Any, rule: Callable, device: Any, depth: int = 0) -> Callab
     """``rule`` with the tensors its closures hold (packed documents' ids, bigbird's block
     tables) moved to ``device``, so that its ``mask_mod`` reads them where it runs.
 
-    Only for rules made for this call (:func:`trusted_formula` builds fresh closures):
+    Only for rules made for this call (:func:`~sparse_patterns.patterns.formulas.formula_of` builds fresh closures):
     their cells are rebound in place. Nested closures and lists of them are followed.
     """
     dev = torch.device(device)
@@ -315,9 +315,9 @@ def _build(plan: ExecutionPlan, p: int, device: Any, mask: str, pattern: Pattern
         full[:, nb] = True  # the anchor: one key, in every query block
     if mask == "formula":
         members = piece_members(pattern, plan) if pattern is not None else None
-        from ..export._formulas import trusted_formula  # noqa: PLC0415
+        from ..patterns.formulas import formula_of  # noqa: PLC0415
 
-        rules = trusted_formula(pattern) if members is not None else None
+        rules = formula_of(pattern) if members is not None else None
         if rules is None:
             raise ValueError("mask: 'formula' needs a pattern with a FlexAttention formula")
         rule = _piece_rule([on_device(torch, r, device) for r in rules], members[p],

@@ -258,11 +258,11 @@ def mask_kind(mask: str, device: Any, pattern: Pattern | None, plan: ExecutionPl
     mask = check_choice("mask", mask, MASKS)
     if mask == "bits":
         return mask
-    from ..export._formulas import trusted_formula  # noqa: PLC0415
+    from ..patterns.formulas import formula_of  # noqa: PLC0415
     from ._flex_masks import piece_members  # noqa: PLC0415
 
     def has() -> bool:
-        return (pattern is not None and trusted_formula(pattern) is not None
+        return (pattern is not None and formula_of(pattern) is not None
                 and piece_members(pattern, plan) is not None)
 
     ok = plan.memo(("flex_formula", id(pattern)), has)

@@ -66,13 +66,13 @@ class Classes:
 def _family_offsets(pattern: Pattern) -> list[Any] | None:
     """The family's declared :class:`~sparse_patterns.patterns._flex.Offsets` per head, for
     a pattern that is what its generator gives (the condition its formula is trusted on)."""
-    from ..export._formulas import trusted_formula  # noqa: PLC0415
     from ..patterns import registry  # noqa: PLC0415
+    from ..patterns.formulas import formula_of  # noqa: PLC0415
 
     spec = registry.REGISTRY.get(pattern.name)
     if spec is None or spec.offsets is None or "documents" in pattern.params:
         return None
-    if trusted_formula(pattern) is None:
+    if formula_of(pattern) is None:
         return None
     offs = spec.offsets(pattern)
     return offs if len(offs) == pattern.num_heads else None

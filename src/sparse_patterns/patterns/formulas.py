@@ -1,5 +1,6 @@
-"""The FlexAttention formulas of registered families, packed documents and their
-algebra: which rules a pattern's ``mask_mod`` may trust (private to :mod:`.flex`).
+"""A pattern's FlexAttention formula, asked of the pattern by export and kernels alike:
+:func:`formula_of` gives the rules of a registered family, of packed documents of one,
+or of an algebra expression of them, and None where no formula can be trusted.
 
 A family's formula (``REGISTRY[name].flex``) is used only for a pattern that is
 what its name and params generate; inside packed documents it is evaluated in
@@ -11,17 +12,15 @@ id per token: never an n x n mask.
 from __future__ import annotations
 
 import types
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from .._stream import check_fits
 from ..pattern import Pattern
-from ._stream import check_fits
+from ._flex import Rule
 
-__all__ = ["DOCUMENT_FORMULAS_LIMIT", "Rule", "trusted_formula"]
-
-Rule = Callable[[Any, Any], Any]  # rule(q_idx, kv_idx) -> bool tensor, one head
+__all__ = ["DOCUMENT_FORMULAS_LIMIT", "Rule", "formula_of"]
 
 #: most distinct document formulas (document lengths whose family rules differ, e.g.
 #: factorized's ``l`` or bigbird's block table) one mask_mod dispatches between;
@@ -149,7 +148,7 @@ def _family_formula(pattern: Pattern) -> list[Rule] | None:
         return None
 
 
-def trusted_formula(pattern: Pattern) -> list[Rule] | None:
+def formula_of(pattern: Pattern) -> list[Rule] | None:
     """Rules of a registered family (packed documents included) or of an
     expression of them (:func:`~sparse_patterns.algebra.expression_flex`)."""
     from ..algebra import ExpressionRule, expression_flex  # noqa: PLC0415

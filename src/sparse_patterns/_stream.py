@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .. import config
-from ..pattern import Pattern
+from . import config
+from .pattern import Pattern
 
 __all__ = ["index_dtype", "chunk_rows", "head_indices", "check_fits", "check_load", "ordered_into"]
 
