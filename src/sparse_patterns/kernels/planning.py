@@ -154,6 +154,16 @@ class ExecutionPlan:
         self.computed_pairs = _freeze(np.asarray(computed_pairs, dtype=np.int64))
         self._memo = {}
 
+    def __getstate__(self) -> tuple[None, dict[str, Any]]:
+        """The arrays and scalars, without what kernels derived from them (``memo``: device
+        tensors, BlockMasks holding closures), which a copy rebuilds on first use."""
+        return None, {k: getattr(self, k) for k in ExecutionPlan.__slots__ if k != "_memo"}
+
+    def __setstate__(self, state: tuple[None, dict[str, Any]]) -> None:
+        for k, v in state[1].items():
+            object.__setattr__(self, k, _freeze(v) if isinstance(v, np.ndarray) else v)
+        object.__setattr__(self, "_memo", {})
+
     def __setattr__(self, name: str, value: Any) -> None:
         if name != "_memo" and hasattr(self, name) and name in ExecutionPlan.__slots__:
             raise AttributeError(f"ExecutionPlan is immutable: cannot set {name!r}")
