@@ -709,11 +709,19 @@ def main() -> int:
     for d in ds:  # d outermost: under time pressure the last d goes first
         for n in ns:
             run_nd(run, sh, n, d, patterns, runners, static)
+    total = time.perf_counter() - t_start
     if args.markdown:
+        from _docs import machine, write_section
+
+        table = markdown(run.rows)
         print()
-        print(markdown(run.rows))
-    print(f"\ntotal wall time {time.perf_counter() - t_start:.1f} s "
-          f"(budget {args.budget:g} s)", flush=True)
+        print(table)
+        host = torch.cuda.get_device_name() if dev.cuda else machine()
+        body = (f"B = 1, H = 8, {dtype_name}, merged; torch {torch.__version__}; "
+                f"torch.matmul {size}^2 {dtype_name} {mm / 1e12:.3g} TFLOP/s (the %mm "
+                f"reference); total {total:.0f} s.\n\n{table}\n")
+        print(f"written to {write_section('benchmarks/gpu.py', host, body)}")
+    print(f"\ntotal wall time {total:.1f} s (budget {args.budget:g} s)", flush=True)
     return 0
 
 

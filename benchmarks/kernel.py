@@ -147,6 +147,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2,
                     help="calls per quantity and round, the best one kept (default 2)")
     ap.add_argument("--cold", action="store_true", help="also time a cold compile")
+    ap.add_argument("--markdown", action="store_true",
+                    help="also write the report to docs/benchmarks.md (this machine's section)")
     ap.add_argument("--block", type=int, default=sps.kernels.BLOCK,
                     help="tile size of the plans (default: the kernels' default, 32)")
     ap.add_argument("--memory-child", type=int, default=0, help=argparse.SUPPRESS)
@@ -157,7 +159,13 @@ def main() -> None:
 
     import torch
 
-    print(f"plan block: {args.block} tokens")
+    lines: list[str] = []
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+        lines.append(text)
+
+    say(f"plan block: {args.block} tokens")
     x = inputs(64)
     t = time.perf_counter()
     attention(*x, sps.make("strided", 64, stride=8), mode="merged", block=args.block)
@@ -167,10 +175,10 @@ def main() -> None:
     attention_backward(*x, o, lse, np.ones_like(o), sps.make("strided", 64, stride=8),
                        mode="merged", block=args.block)
     first_bwd = time.perf_counter() - t
-    print(f"first call (numba cache load or compile): forward {first_fwd:.2f} s, "
+    say(f"first call (numba cache load or compile): forward {first_fwd:.2f} s, "
           f"backward {first_bwd:.2f} s")
     if args.cold:
-        print(f"cold compile (empty cache, new process, forward only): {cold_compile():.1f} s")
+        say(f"cold compile (empty cache, new process, forward only): {cold_compile():.1f} s")
 
     from sparse_patterns.torch import SparseAttention
 
@@ -281,68 +289,68 @@ def main() -> None:
     peak32, peak16 = max(peaks), max(peaks16)
     arith16 = ("AMX tdpbf16ps" if kind16 == "bfloat16-amx"
                else "vdpbf16ps" if _AVX512_BF16 else "vdpbf16ps absent: fp32")
-    print(f"measured FMA peak (register-only loop, {peak_threads} threads; best of the run's "
+    say(f"measured FMA peak (register-only loop, {peak_threads} threads; best of the run's "
           f"{len(peaks)} measurements of each): fp32 {peak32 / 1e9:.0f} GFLOP/s, bf16 ({arith16}) "
           f"{peak16 / 1e9:.0f} GFLOP/s; torch fp32 matmul = {mm_best * 1e9 / peak32 * 100:.0f}% "
           "of the fp32 peak")
     how = ("AMX products (tdpbf16ps)" if amx_applies(plans["strided"], D)
            else "bf16 products (vdpbf16ps)" if bf16_applies(plans["strided"], D)
            else "widened to fp32")
-    print(f"bf16 inputs here (forward and backward): {how}, by "
+    say(f"bf16 inputs here (forward and backward): {how}, by "
           "sparse_patterns.kernels.cpu.amx_applies and bf16_applies "
           f"(SPARSE_PATTERNS_BF16={os.environ.get('SPARSE_PATTERNS_BF16', 'auto')})")
-    print(f"{args.rounds} rounds, each timing every quantity once (best of {args.repeats} calls; "
+    say(f"{args.rounds} rounds, each timing every quantity once (best of {args.repeats} calls; "
           "SDPA: 1), the two sides of a ratio one after the other, the order reversed every "
           "other round. Each figure: from the best times of all rounds, then (the median and "
           "range over rounds of the same figure taken within one round)")
-    print(f"torch fp32 matmul 4096^2: {fig(mm_best, mm, '.0f')} GFLOP/s "
+    say(f"torch fp32 matmul 4096^2: {fig(mm_best, mm, '.0f')} GFLOP/s "
           f"(torch threads {torch_threads})")
-    print(f"torch SDPA is_causal=True, n={n}: {fig(t['sdpa'].min() * 1e3, t['sdpa'] * 1e3, '.0f')} ms")
+    say(f"torch SDPA is_causal=True, n={n}: {fig(t['sdpa'].min() * 1e3, t['sdpa'] * 1e3, '.0f')} ms")
     useful_strided = plans["strided"].flops(B, H, D)[0]
     for name, target in (("strided", 20), ("fixed", 5)):
         pl = plans[name]
         useful, _ = pl.flops(B, H, D)
         x, b = t[name], t[name].min()
-        print(f"{name:8s} n={n}: {fig(b * 1e3, x * 1e3, '.1f')} ms")
-        print(f"    {fig(t['sdpa'].min() / b, t['sdpa'] / x, '.1f')}x SDPA (target >= {target}x)")
-        print(f"    useful {fig(useful / b / 1e9, useful / x / 1e9, '.1f')} GFLOP/s = "
+        say(f"{name:8s} n={n}: {fig(b * 1e3, x * 1e3, '.1f')} ms")
+        say(f"    {fig(t['sdpa'].min() / b, t['sdpa'] / x, '.1f')}x SDPA (target >= {target}x)")
+        say(f"    useful {fig(useful / b / 1e9, useful / x / 1e9, '.1f')} GFLOP/s = "
               f"{useful / b / peak32 * 100:.0f}% of the fp32 FMA peak (target >= "
               f"{peak_target[name]}%), computed {pl.ratio * useful / b / peak32 * 100:.0f}%; "
               f"{fig(useful / b / 1e9 / mm_best * 100, useful / x / 1e9 / mm * 100, '.0f')}% of "
               f"matmul; computed/useful {pl.ratio:.2f} [{', '.join(pl.piece_kind)}]")
         y = t[f"{name}_bf16"]
-        print(f"    bf16 inputs: {fig(y.min() * 1e3, y * 1e3, '.1f')} ms = "
+        say(f"    bf16 inputs: {fig(y.min() * 1e3, y * 1e3, '.1f')} ms = "
               f"{fig(b / y.min(), x / y, '.2f')}x faster than fp32 (target >= 1.7x); "
               f"{useful / y.min() / peak16 * 100:.1f}% of the bf16 peak ({arith16})")
     x = t["strided_new_out"]
-    print(f"strided  n={n}, new output array each call (recycling off): "
+    say(f"strided  n={n}, new output array each call (recycling off): "
           f"{fig(x.min() * 1e3, x * 1e3, '.1f')} ms = "
           f"{fig(useful_strided / x.min() / 1e9 / mm_best * 100, useful_strided / x / 1e9 / mm * 100, '.0f')}% "
           "of matmul")
-    print(f"backward strided n={n}: {fig(t['backward'].min() * 1e3, t['backward'] * 1e3, '.0f')} ms = "
+    say(f"backward strided n={n}: {fig(t['backward'].min() * 1e3, t['backward'] * 1e3, '.0f')} ms = "
           f"{fig(t['backward'].min() / t['strided'].min(), t['backward'] / t['strided'], '.2f')}x "
           "forward (target <= 2.5x)")
     x = t["backward_fixed"]
-    print(f"backward fixed   n={n}: {fig(x.min() * 1e3, x * 1e3, '.0f')} ms = "
+    say(f"backward fixed   n={n}: {fig(x.min() * 1e3, x * 1e3, '.0f')} ms = "
           f"{fig(x.min() / t['fixed'].min(), x / t['fixed'], '.2f')}x forward (target <= 2.5x)")
     x, y = t["backward_fixed_offset"], t["fixed_offset"]
-    print(f"    inputs 16 bytes into a cache line (NumPy's large arrays; above: 64-byte "
+    say(f"    inputs 16 bytes into a cache line (NumPy's large arrays; above: 64-byte "
           f"aligned, as torch allocates): forward {fig(y.min() * 1e3, y * 1e3, '.1f')} ms, "
           f"backward {fig(x.min() * 1e3, x * 1e3, '.0f')} ms = "
           f"{fig(x.min() / y.min(), x / y, '.2f')}x forward")
     for name, key in (("strided", "backward"), ("fixed  ", "backward_fixed")):
         x, y = t[f"{key}_bf16"], t[key]
-        print(f"backward {name} n={n}, bf16 inputs: {fig(x.min() * 1e3, x * 1e3, '.0f')} ms = "
+        say(f"backward {name} n={n}, bf16 inputs: {fig(x.min() * 1e3, x * 1e3, '.0f')} ms = "
               f"{fig(y.min() / x.min(), y / x, '.2f')}x faster than fp32 (target >= 1.5x)")
     x, y = t["train"], t["sdpa_train"]
-    print(f"training step (SparseAttention forward + backward, strided, fp32) n={n}: "
+    say(f"training step (SparseAttention forward + backward, strided, fp32) n={n}: "
           f"{fig(x.min() * 1e3, x * 1e3, '.0f')} ms; SDPA causal forward + backward "
           f"{fig(y.min() * 1e3, y * 1e3, '.0f')} ms = {fig(y.min() / x.min(), y / x, '.1f')}x "
           "(target >= 40x)")
     z = t["train_bf16"]
-    print(f"training step, bf16 inputs: {fig(z.min() * 1e3, z * 1e3, '.0f')} ms = "
+    say(f"training step, bf16 inputs: {fig(z.min() * 1e3, z * 1e3, '.0f')} ms = "
           f"{fig(x.min() / z.min(), x / z, '.2f')}x faster than fp32")
-    print(f"strided n={n2} (l={pat2.params['stride']}): "
+    say(f"strided n={n2} (l={pat2.params['stride']}): "
           f"{fig(t['strided65k'].min() * 1e3, t['strided65k'] * 1e3, '.0f')} ms = "
           f"{fig(t['strided65k'].min() / t['strided'].min(), t['strided65k'] / t['strided'], '.1f')}x "
           f"n={n} (target <= 10x; 16x is quadratic)")
@@ -352,10 +360,18 @@ def main() -> None:
                            capture_output=True, text=True, check=True)
     m = json.loads(child.stdout.strip().splitlines()[-1])
     limit = 2 * m["qkvo_bytes"] + 200e6
-    print(f"peak memory, forward n={n2}: {m['peak_above_start'] / 1e6:.0f} MB above the "
+    say(f"peak memory, forward n={n2}: {m['peak_above_start'] / 1e6:.0f} MB above the "
           f"process start (q, k, v: {3 * m['qkvo_bytes'] / 4e6:.0f} MB, plan "
           f"{m['plan_bytes'] / 1e6:.0f} MB, call {m['peak_during_call'] / 1e6:.0f} MB incl. "
           f"out); limit 2 x bytes(q,k,v,out) + 200 MB = {limit / 1e6:.0f} MB")
+    if args.markdown:
+        from _docs import machine, write_section
+
+        body = ("B = 1, H = 8, d = 64, merged, strided l = 128 and fixed l = 128, c = 16; "
+                f"`--rounds {args.rounds} --repeats {args.repeats}`, torch "
+                f"{torch.__version__}, numba {numba.__version__}.\n\n```text\n"
+                + "\n".join(lines) + "\n```\n")
+        print(f"written to {write_section('benchmarks/kernel.py', machine(), body)}")
 
 
 if __name__ == "__main__":
