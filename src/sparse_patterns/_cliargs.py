@@ -178,6 +178,12 @@ def _say(line: str) -> None:
 BAD_INPUT = (ValueError, OSError, MemoryError, OverflowError, RecursionError)
 
 
+#: Optional dependencies (their top-level module) and the extra that installs each.
+_EXTRAS = {"torch": "torch", "safetensors": "files", "dask": "search", "distributed": "search",
+           "pandas": "search", "pyarrow": "search", "numba_cuda": "cuda",
+           "transformers": "transformers"}
+
+
 def report(exc: BaseException, instead: str | None = None) -> int:
     """Print ``exc`` as one line on stderr; return the exit status (2: bad input, 1: a bug).
 
@@ -188,6 +194,11 @@ def report(exc: BaseException, instead: str | None = None) -> int:
     if debugging:
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
     msg = first_line(exc)
+    extra = _EXTRAS.get((getattr(exc, "name", None) or "").split(".")[0])
+    if isinstance(exc, ModuleNotFoundError) and extra is not None:  # an optional dependency
+        _say(f"error: {exc.name}: not installed; this command needs the {extra!r} extra "
+             f"(pip install 'sparse-patterns[{extra}]')")
+        return 2
     if isinstance(exc, MemoryError):  # config.MemoryLimitError (a ValueError too), or an allocation
         msg = msg if isinstance(exc, ValueError) else f"out of memory: {msg}"
         msg += f"; from the command line: {instead}" if instead and instead not in msg else ""
