@@ -63,3 +63,25 @@ def test_a_plan_pickles_without_its_memo():
     assert again.describe() == pl.describe()
     assert np.array_equal(again.tile_mask, pl.tile_mask) and not again.tile_mask.flags.writeable
     assert again.memo("closure", lambda: 2) == 2
+
+
+def test_torch_compile_of_a_model_breaks_its_graph_at_the_attention():
+    attn = SparseAttention(sps.make("strided", 64, stride=8), mode="merged")
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.attn = torch.nn.Linear(8, 8), attn
+
+        def forward(self, x):
+            y = self.lin(x)
+            return self.attn(y, y, y).square().sum()
+
+    model = Model()
+    x = torch.randn(1, 2, 64, 8, dtype=torch.float64, requires_grad=True)
+    model = model.double()
+    want = model(x)
+    (gw,) = torch.autograd.grad(want, x)
+    got = torch.compile(model, backend="eager")(x)  # dynamo traces; no inductor files
+    (gg,) = torch.autograd.grad(got, x)
+    assert torch.equal(got, want) and torch.allclose(gg, gw, atol=1e-12)

@@ -166,10 +166,15 @@ class _SparseAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
+@torch.compiler.disable(recursive=True)
 def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: Pattern, mode: str,
          scale: float | None, impl: str, block: int | None) -> torch.Tensor:
     """The backend for these tensors (``impl``, or ``"auto"`` by their device), its plan at
-    ``block`` or the backend's default there, and the differentiable call."""
+    ``block`` or the backend's default there, and the differentiable call.
+
+    ``torch.compile`` of a model holding :class:`SparseAttention` breaks its graph here
+    and runs the call as it is: the kernels (NumPy and numba on the CPU; the plan's
+    pieces, each on its own compiled kernel, on CUDA) are not traced."""
     be, pat, pl = choose(impl, {"q": q, "k": k, "v": v}, pattern, mode, block)
     if be.autograd:
         return be.differentiable(q, k, v, pl, pattern=pat, scale=scale)
