@@ -46,7 +46,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from ._threads import choose as _choose_threading_layer
+
 __version__ = "0.1.0"
+
+_choose_threading_layer()  # numba's TBB layer where installed: fork- and thread-safe
 
 #: Public names and the module each comes from, imported on first access, so that
 #: ``import sparse_patterns`` (and the ``patterns`` command's ``--help``) loads
