@@ -1,5 +1,5 @@
-"""``patterns search``: a grid of pattern parameters on a Dask cluster (registered by
-:mod:`sparse_patterns.cli`, which imports this module last).
+"""``patterns search``: a grid of pattern parameters on a Dask cluster (:func:`register`
+adds it to the app; :mod:`sparse_patterns.cli` calls it).
 
 The command parses the names, ``--n``, the ``--grid`` axes and the options,
 calls :func:`sparse_patterns.search.search` once, and prints the Pareto front
@@ -24,6 +24,7 @@ from typing import Any
 
 import typer
 
+from ._cliapp import PATTERN_CONTEXT, cli_command, console, emit_json, err_console
 from ._cliargs import (
     Command,
     UsageError,
@@ -33,7 +34,6 @@ from ._cliargs import (
     shown,
     split_names,
 )
-from .cli import PATTERN_CONTEXT, app, cli_command, console, emit_json, err_console
 
 __all__ = ["search_cmd", "parse_grid"]
 
@@ -107,9 +107,13 @@ def _quiet_dask() -> Iterator[None]:
             lg.setLevel(level)
 
 
-@app.command("search", cls=Command, context_settings=PATTERN_CONTEXT,
-             options_metavar="NAME... --n N1,N2 --grid KEY=V1,V2 [OPTIONS] [PATTERN OPTIONS]")
-@cli_command
+def register(app: typer.Typer) -> None:
+    """Add ``patterns search`` to ``app``."""
+    app.command("search", cls=Command, context_settings=PATTERN_CONTEXT,
+                options_metavar="NAME... --n N1,N2 --grid KEY=V1,V2 [OPTIONS] [PATTERN OPTIONS]"
+                )(cli_command(search_cmd))
+
+
 def search_cmd(
     ctx: typer.Context,
     n: str = typer.Option(None, "--n", help="Sequence lengths, comma-separated: 16384,65536."),

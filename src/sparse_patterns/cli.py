@@ -30,10 +30,7 @@ _STARTING = (bool(sys.argv) and os.path.basename(sys.argv[0]).split(".")[0] in (
 if _STARTING:
     signal.signal(signal.SIGINT, _interrupted)
 
-import functools  # noqa: E402 - after the handler above
-import json  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -41,11 +38,17 @@ import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from ._cliapp import (  # noqa: E402 - the app and its helpers: re-exported
+    PATTERN_CONTEXT,
+    app,
+    cli_command,
+    console,
+    emit_json,
+    err_console,
+)
 from ._cliargs import (  # noqa: E402 - parse_params ... UsageError: re-exported
     MAX_N,
-    ClickException,
     Command,
-    Group,
     UsageError,
     int_option,
     parse_documents,
@@ -57,25 +60,12 @@ from ._cliargs import (  # noqa: E402 - parse_params ... UsageError: re-exported
     pattern_from_args,
     registry,
     render_schedule_check,
-    report,
     schedule_from_args,
-    set_debug,
     split_names,
     split_steps,
 )
 
 __all__ = ["app", "main", "parse_params", "pattern_from_args", "parse_ns", "UsageError"]
-
-app = typer.Typer(
-    name="patterns",
-    help="Generate, verify, render, export and profile sparse attention patterns.",
-    cls=Group,
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-console = Console()
-err_console = Console(stderr=True)
 
 #: The options every pattern command shares (typer reads a default; sharing one is safe).
 _NAME = typer.Argument(None, help="Pattern name (see `patterns list`).")
@@ -84,76 +74,12 @@ _N = typer.Option(None, "--n", help=f"Sequence length (1 to {MAX_N}).", metavar=
 _FILE = typer.Option(None, "--file", help="A saved pattern (.npz, .safetensors, .json).")
 _JSON = typer.Option(False, "--json", help="Print JSON.")
 
-#: context settings for commands that take a pattern's parameters as options
-PATTERN_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
-
-
 def _int(name: str, default: int | None, help: str, lo: int = 1, hi: int | None = None,
          flags: tuple[str, ...] = ()) -> Any:
     """An integer option whose bad value is one line naming the range (not typer's box)."""
     rng = f"{lo} to {hi}" if hi is not None else f">= {lo}"
     return typer.Option(default, *(flags or ("--" + name.replace("_", "-"),)),
                         help=f"{help} ({rng}).", metavar="<int>", parser=int_option(name, lo, hi))
-
-
-@app.callback()
-def _root(debug: bool = typer.Option(
-        False, "--debug", help="On an error, print the full traceback (or SPARSE_PATTERNS_DEBUG=1).")
-) -> None:
-    set_debug(debug)
-
-
-#: What each command can do instead when a size does not fit in memory.
-_INSTEAD = {
-    "show": "show a registered pattern by name (its |A_i| come from its rule; the picture "
-            "needs n <= 64)",
-    "verify": "verify a generated pattern by name (decided from its rule), or the block "
-              "layout with --block 128",
-    "analyze": "use smaller --n values; `patterns show NAME --n N` reads |A_i| at any n",
-    "render": "draw block densities: --view matrix --tile 1024",
-    "export": "export the recipe (--format json), which regenerates the pattern at any n",
-    "profile": "use a smaller n, --heads, --batch or --head-dim",
-}
-
-
-def cli_command(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn an exception into one line on stderr: exit status 2 for bad input, 1 for a bug.
-
-    Bad input is ``ValueError``, ``OSError`` and what only a hostile size or file
-    causes (``MemoryError``, ``OverflowError``, ``RecursionError``); a size that
-    does not fit in memory (``config.MemoryLimitError``, raised before
-    allocating, or a ``MemoryError``) also says what to use instead. Anything
-    else is a bug: one line and a pointer to ``--debug``.
-    """
-    instead = _INSTEAD.get(func.__name__.removesuffix("_cmd"))
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except (typer.Exit, typer.Abort, ClickException, BrokenPipeError):
-            raise  # deliberate exits; a reader gone away (| head): typer exits 1 quietly
-        except Exception as exc:
-            raise typer.Exit(report(exc, instead)) from None
-
-    return wrapper
-
-
-def emit_json(obj: Any) -> None:
-    """Print ``obj`` as JSON on stdout (numpy scalars converted)."""
-
-    def default(o: Any) -> Any:
-        import numpy as np  # noqa: PLC0415
-
-        if isinstance(o, np.integer):
-            return int(o)
-        if isinstance(o, np.floating):
-            return float(o)
-        if isinstance(o, np.ndarray):
-            return o.tolist()
-        raise TypeError(f"not JSON serializable: {type(o).__name__}")
-
-    sys.stdout.write(json.dumps(obj, default=default, indent=2) + "\n")
 
 
 @app.command("list", cls=Command)
@@ -574,7 +500,9 @@ def _save_plot(table: Any, out: Path) -> None:
 
 
 # `patterns search` lives in its own module, which uses this one's helpers: imported last.
-from . import _search_cli  # noqa: E402,F401
+from . import _search_cli  # noqa: E402 - registers `patterns search` on the app
+
+_search_cli.register(app)
 
 
 def main() -> None:
