@@ -30,8 +30,8 @@ from .._validate import check_bool, check_choice, check_int
 from ..documents import document_offsets
 from ..pattern import MODES, Pattern
 from ._common import row_sizes, runs, steps
+from ._paths import EXPLAIN_LIMIT, METHODS, _check_progress, _hop_counts, explain
 from ._printable import Printable
-from .criteria import EXPLAIN_LIMIT, METHODS, _check_progress, _hop_counts, explain
 from .report import Explanation, _mark
 
 __all__ = ["ScheduleReport", "verify_schedule", "document_offsets", "verify_as_schedule"]

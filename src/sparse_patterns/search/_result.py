@@ -17,12 +17,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..analysis._printable import Printable
-from ._tasks import FIELDS
+from ._tasks import COSTS, FIELDS
 
 __all__ = ["SearchResult", "COSTS"]
-
-#: Columns :meth:`SearchResult.pareto` and :meth:`SearchResult.plot` can take as the cost.
-COSTS = ("computed_flops", "useful_flops", "time_s", "nnz")
 _FIELD_NAMES = tuple(name for name, _ in FIELDS)
 
 

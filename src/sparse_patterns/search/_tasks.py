@@ -32,13 +32,16 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-__all__ = ["MEASURES", "FIELDS", "recipe_key", "run_candidate", "run_packed", "unpack_row",
+__all__ = ["MEASURES", "COSTS", "FIELDS", "recipe_key", "run_candidate", "run_packed", "unpack_row",
            "normalize_measures", "kernel_mode"]
 
 #: What a candidate can measure: the exact verification, the plan's FLOPs, the kernel's time.
 MEASURES = ("verify", "flops", "time")
 
 #: Every field of a row and its kind (``str``, ``int``, ``float``, ``bool``), in column order.
+#: Columns :meth:`SearchResult.pareto` and :meth:`SearchResult.plot` can take as the cost.
+COSTS = ("computed_flops", "useful_flops", "time_s", "nnz")
+
 FIELDS: tuple[tuple[str, str], ...] = (
     ("key", "str"), ("version", "str"), ("family", "str"), ("params", "str"), ("n", "int"),
     ("mode", "str"), ("kernel_mode", "str"), ("block", "int"), ("batch", "int"),
