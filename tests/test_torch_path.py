@@ -177,3 +177,13 @@ def test_auto_takes_numba_on_the_cpu_and_lists_every_reason_when_nothing_runs():
     msg = str(err.value)
     assert msg.startswith("impl: 'auto' found no backend for numba float32 inputs on cuda")
     assert "torch: q: a numba array" in msg and "cuda: numba-cuda" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("impl", ["numba", "reference", "torch", "flex"])
+def test_a_scale_that_overflows_the_compute_dtype_is_refused(impl):
+    pat = sps.make("strided", 16, stride=4)
+    x = torch.ones(1, 1, 16, 8)
+    with pytest.raises(ValueError, match=r"^scale: 1e\+39 overflows float32, the compute dtype"):
+        attention(x, x, x, pat, impl=impl, scale=1e39, block=8)
+    x = x.double()  # float64 computes it
+    assert torch.isfinite(attention(x, x, x, pat, impl=impl, scale=1e39, block=8)).all()

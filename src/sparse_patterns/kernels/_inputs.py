@@ -66,13 +66,18 @@ def resolve(pattern: Any, mode: Any, block: Any, *, max_block: int = MAX_BLOCK,
     return pattern, cached_plan(pattern, block, mode)
 
 
-def check_scale(scale: Any, d: int) -> float:
-    """``scale`` as a float, ``1 / sqrt(d)`` when None; ``ValueError`` unless finite.
+def check_scale(scale: Any, d: int, compute: str = "float64") -> float:
+    """``scale`` as a float, ``1 / sqrt(d)`` when None; ``ValueError`` unless finite and
+    finite in the ``compute`` dtype (``"float32"`` for float32 and half inputs).
 
     Examples
     --------
     >>> check_scale(None, 16), check_scale(2, 16)
     (0.25, 2.0)
+    >>> check_scale(1e39, 16, "float32")
+    Traceback (most recent call last):
+    ...
+    ValueError: scale: 1e+39 overflows float32, the compute dtype of these inputs; use |scale| <= 3.4e+38
     """
     if scale is None:
         return 1.0 / math.sqrt(d)
@@ -80,6 +85,10 @@ def check_scale(scale: Any, d: int) -> float:
         raise ValueError(f"scale: must be a finite number or None, got {scale!r}")
     if not math.isfinite(float(scale)):
         raise ValueError(f"scale: must be a finite number or None, got {scale!r}")
+    top = float(np.finfo(np.float64 if compute == "float64" else np.float32).max)
+    if abs(float(scale)) > top:
+        raise ValueError(f"scale: {float(scale):.3g} overflows {compute}, the compute dtype of "
+                         f"these inputs; use |scale| <= {top:.2g}")
     return float(scale)
 
 

@@ -371,7 +371,7 @@ def flex_attention_plan(
     torch, _ = _api()
     _check(torch, q, k, v, plan)
     B, H, n, d = q.shape
-    sc = check_scale(scale, d)
+    sc = check_scale(scale, d, "float64" if q.dtype == torch.float64 else "float32")
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     how = _how(compile, q.device, q.dtype, grad, torch)
     if how == "eager":

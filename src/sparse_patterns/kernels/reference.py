@@ -257,7 +257,7 @@ class _Reference(Backend):
         x = HostArrays({"q": q, "k": k, "v": v}, plan.n)
         a = x.np
         o, lse = reference_forward(a["q"], a["k"], a["v"], pattern, plan,
-                                   scale=check_scale(scale, x.shape[3]))
+                                   scale=check_scale(scale, x.shape[3], x.compute.__name__))
         return (x.out(o), x.out(lse, lse=True)) if return_lse else x.out(o)
 
     def backward(self, q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, plan: ExecutionPlan,
@@ -268,7 +268,7 @@ class _Reference(Backend):
         x = HostArrays({"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, plan.n)
         a = x.np
         grads = reference_backward(a["q"], a["k"], a["v"], a["o"], a["lse"], a["do"], pattern,
-                                   plan, scale=check_scale(scale, x.shape[3]))
+                                   plan, scale=check_scale(scale, x.shape[3], x.compute.__name__))
         return tuple(x.out(g) for g in grads)
 
 

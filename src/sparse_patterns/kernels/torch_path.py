@@ -532,7 +532,7 @@ def plan_attention(q: Any, k: Any, v: Any, plan: ExecutionPlan, *,
     from ._inputs import check_scale  # noqa: PLC0415
 
     _check(torch, q, k, v, plan)
-    sc = check_scale(scale, q.shape[3])
+    sc = check_scale(scale, q.shape[3], "float64" if q.dtype == torch.float64 else "float32")
     if q.device.type == "cpu":
         from .flex import check_eager_fits  # noqa: PLC0415
 

@@ -82,7 +82,7 @@ class _Numba(Backend):
         from .._inputs import HostArrays, check_scale  # noqa: PLC0415 - it imports this package
 
         x = HostArrays({"q": q, "k": k, "v": v}, plan.n, widen_half=False)
-        s = check_scale(scale, x.shape[3])
+        s = check_scale(scale, x.shape[3], x.compute.__name__)
         d = x.shape[3]
         if x.dtype_name == "bfloat16" and (amx_applies(plan, d) or bf16_applies(plan, d)):
             w = x.words  # the output comes back as bf16 words, rounded as blocks finish
@@ -98,7 +98,7 @@ class _Numba(Backend):
 
         x = HostArrays({"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, plan.n,
                        widen_half=False)
-        s = check_scale(scale, x.shape[3])
+        s = check_scale(scale, x.shape[3], x.compute.__name__)
         d = x.shape[3]
         if x.dtype_name == "bfloat16" and (amx_applies(plan, d) or bf16_applies(plan, d)):
             w = x.words  # the gradients come back as bf16 words, narrowed head by head

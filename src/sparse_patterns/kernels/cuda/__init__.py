@@ -65,7 +65,7 @@ def _checked(arrays: dict[str, Any], plan: ExecutionPlan, scale: Any) -> tuple[L
     """The inputs on the device, and the scale in the compute dtype, after the one check."""
     require()
     x = DeviceArrays(arrays, plan, max_block=MAX_BLOCK, max_d=MAX_HEAD_DIM)
-    sc = check_scale(scale, x.shape[3])
+    sc = check_scale(scale, x.shape[3], "float64" if x.fp64 else "float32")
     return Launch(x), (np.float64(sc) if x.fp64 else np.float32(sc))
 
 
