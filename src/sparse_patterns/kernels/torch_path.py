@@ -228,7 +228,7 @@ def _classes_forward(torch: Any, sh: Classes, n: int, q: Any, k: Any, v: Any,
 
 
 def _classes_tokens(torch: Any, sh: Classes, n: int, shape: tuple[int, ...], main: Any,
-                    tail: Any, dtype: Any) -> tuple[Any, Any]:
+                    tail: Any, dtype: Any, device: Any) -> tuple[Any, Any]:
     """A classes piece's ``(out, lse)`` in token order ``(B, Hg, n, d)``, ``(B, Hg, n)``;
     rows without keys 0 and ``-inf``."""
     B, H, _, d = shape
@@ -238,7 +238,7 @@ def _classes_tokens(torch: Any, sh: Classes, n: int, shape: tuple[int, ...], mai
     parts_o, parts_l = [], []
     if cv.m:
         if main is None:
-            o = torch.zeros((B, H, cv.m * sh.s, d), dtype=dtype, device=_dev(tail))
+            o = torch.zeros((B, H, cv.m * sh.s, d), dtype=dtype, device=device)
             lse = torch.full((B, H, cv.m * sh.s), -math.inf, dtype=f, device=o.device)
         else:
             o = F.pad(main[0].to(dtype), (0, 0, sh.t0, 0))  # (N, s, m, d): rows t < t0 empty
@@ -249,19 +249,14 @@ def _classes_tokens(torch: Any, sh: Classes, n: int, shape: tuple[int, ...], mai
         parts_l.append(lse)
     if cv.r:
         if tail is None:
-            dev = parts_o[0].device if parts_o else _dev(main)
-            parts_o.append(torch.zeros((B, H, cv.r, d), dtype=dtype, device=dev))
-            parts_l.append(torch.full((B, H, cv.r), -math.inf, dtype=f, device=dev))
+            parts_o.append(torch.zeros((B, H, cv.r, d), dtype=dtype, device=device))
+            parts_l.append(torch.full((B, H, cv.r), -math.inf, dtype=f, device=device))
         else:
             parts_o.append(tail[0].to(dtype).reshape(B, H, cv.r, d))
             parts_l.append(tail[1].to(f).reshape(B, H, cv.r))
     if len(parts_o) == 1:
         return parts_o[0], parts_l[0]
     return torch.cat(parts_o, dim=2), torch.cat(parts_l, dim=2)
-
-
-def _dev(r: Any) -> Any:
-    return r[0].device if r is not None else "cpu"
 
 
 def _classes_backward(torch: Any, sh: Classes, n: int, q: Any, k: Any, v: Any, out: Any,
@@ -323,17 +318,18 @@ def _merge(torch: Any, parts: list[tuple[Any, Any]], dtype: Any) -> tuple[Any, A
 
 
 def _finish(torch: Any, n: int, shape: tuple[int, ...], pieces: list[tuple], dtype: Any,
-            ) -> tuple[Any, Any]:
+            device: Any) -> tuple[Any, Any]:
     """Every piece of a group in token order, then merged (compiled as one on CUDA)."""
     parts = []
     for kind, a, b in pieces:
         if kind == "classes":
-            parts.append(_classes_tokens(torch, a, n, shape, b[0], b[1], dtype))
+            parts.append(_classes_tokens(torch, a, n, shape, b[0], b[1], dtype, device))
         else:
             parts.append(b)
     if not parts:
         f = torch.float64 if dtype == torch.float64 else torch.float32
-        return (torch.zeros(shape, dtype=dtype), torch.full(shape[:3], -math.inf, dtype=f))
+        return (torch.zeros(shape, dtype=dtype, device=device),
+                torch.full(shape[:3], -math.inf, dtype=f, device=device))
     return _merge(torch, parts, dtype)
 
 
@@ -342,7 +338,8 @@ _COMPILED: dict[str, Any] = {}
 
 def _finisher(torch: Any, device: Any) -> Any:
     """:func:`_finish`, compiled once per process for CUDA (one fused kernel per group
-    shape); as it is on the CPU."""
+    shape, up to 64 shapes; past them dynamo runs the same function uncompiled, which
+    gives the same result); as it is on the CPU."""
     if device.type != "cuda":
         return _finish
     if "finish" not in _COMPILED:
@@ -350,8 +347,7 @@ def _finisher(torch: Any, device: Any) -> Any:
         cfg = torch._dynamo.config
 
         def call(*args: Any) -> Any:
-            with cfg.patch(recompile_limit=max(64, cfg.recompile_limit),
-                           fail_on_recompile_limit_hit=True):
+            with cfg.patch(recompile_limit=max(64, cfg.recompile_limit)):
                 return fn(*args)
 
         _COMPILED["finish"] = call
@@ -423,7 +419,7 @@ def _run_forward(torch: Any, q: Any, k: Any, v: Any, plan: ExecutionPlan,
                                          pattern, True, False)
                 keeps.append(("flex", what, None))
             pieces.append(("flex", what, (o, lse)))
-        og, lg = finish(torch, n, tuple(qs.shape), pieces, q.dtype)
+        og, lg = finish(torch, n, tuple(qs.shape), pieces, q.dtype, q.device)
         outs.append((og, lg))
         saved.append(keeps)
     if G == 1:
@@ -476,8 +472,7 @@ def _autograd_function(torch: Any) -> Any:
         """The call as one autograd node: its backward is each piece's own backward."""
 
         @staticmethod
-        def forward(ctx, q, k, v, plan, pattern, scale):  # type: ignore[override]
-            keep = any(ctx.needs_input_grad[:3])
+        def forward(ctx, q, k, v, plan, pattern, scale, keep):  # type: ignore[override]
             out, lse, saved = _run_forward(torch, q, k, v, plan, pattern, scale, keep)
             ctx.save_for_backward(q, k, v, out, lse)
             ctx.plan, ctx.scale, ctx.saved = plan, scale, saved
@@ -491,7 +486,7 @@ def _autograd_function(torch: Any) -> Any:
             dq, dk, dv = _run_backward(torch, q, k, v, out, lse, dout, ctx.plan, ctx.scale,
                                        ctx.saved)
             ctx.saved = None
-            return dq, dk, dv, None, None, None
+            return dq, dk, dv, None, None, None, None
 
     _COMPILED["fn"] = PlanAttention
     return PlanAttention
@@ -541,7 +536,12 @@ def plan_attention(q: Any, k: Any, v: Any, plan: ExecutionPlan, *,
             check_eager_fits(plan, tuple(q.shape), q.element_size(),
                              "n: impl='torch' on the CPU runs FlexAttention's eager operator, "
                              "which")
-    out, lse = _autograd_function(torch).apply(q, k, v, plan, pattern, sc)
+    if q.device.type == "cuda":  # the kernels read rows of 16-byte-aligned, unit-stride memory
+        q, k, v = (t if t.stride(-1) == 1 and t.data_ptr() % 16 == 0 else t.contiguous()
+                   for t in (q, k, v))
+    # FlexAttention's graphs for the backward only where a gradient will be asked
+    keep = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    out, lse = _autograd_function(torch).apply(q, k, v, plan, pattern, sc, keep)
     return (out, lse) if return_lse else out
 
 
