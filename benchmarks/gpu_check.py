@@ -1,6 +1,6 @@
 """Correctness of ``impl="torch"`` on a GPU, outputs and gradients, before timing it.
 
-Usage (on the GPU machine, about a minute; ``--device cpu --n 256`` here)::
+Usage (on the GPU machine: a few minutes, FlexAttention compiling for each case; ``--device cpu --n 400`` on a CPU)::
 
     PYTHONPATH=src python3 benchmarks/gpu_check.py
 
