@@ -20,7 +20,7 @@ itself on import; :func:`register` adds a user's backend explicitly.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .planning import ExecutionPlan
 
 __all__ = ["Inputs", "Backend", "BUILTIN", "AUTO", "FLOATS", "get", "names", "register",
-           "unregister", "choose", "as_tensors", "grads_by_autograd"]
+           "unregister", "choose", "as_tensors", "grads_by_autograd", "merge_by_lse"]
 
 #: The float dtypes (by name) that attention takes.
 FLOATS = ("float16", "bfloat16", "float32", "float64")
@@ -272,6 +272,41 @@ def grads_by_autograd(fn: Any, q: Any, k: Any, v: Any, do: Any) -> tuple[Any, An
         grads = torch.autograd.grad(out, x, t["do"].to(out.dtype), allow_unused=True)
     grads = tuple(torch.zeros_like(a) if g is None else g for a, g in zip(x, grads, strict=True))
     return tuple(g.numpy() for g in grads) if numpy_in else grads
+
+
+def merge_by_lse(torch: Any, parts: Sequence[tuple[Any, Any]], dtype: Any) -> tuple[Any, Any]:
+    """Pieces of one softmax, ``(out, lse)`` each in token order, merged by their
+    log-sum-exp: the output in ``dtype`` and the log-sum-exp (float64 for float64, else
+    float32). A row no piece covers is 0 and ``-inf``, with zero (not NaN) gradients;
+    differentiable (the shift by the largest lse is detached: it cancels).
+
+    Examples
+    --------
+    >>> import torch
+    >>> o = torch.ones(1, 1, 2, 1)
+    >>> out, lse = merge_by_lse(torch, [(o, torch.zeros(1, 1, 2)), (3 * o, torch.zeros(1, 1, 2))],
+    ...                         torch.float32)
+    >>> out.ravel().tolist(), round(float(lse[0, 0, 0]), 4)
+    ([2.0, 2.0], 0.6931)
+    """
+    import math  # noqa: PLC0415
+
+    f = torch.float64 if dtype == torch.float64 else torch.float32
+    if len(parts) == 1:
+        o, lse = parts[0]
+        return o.to(dtype), lse.to(f)
+    L = torch.stack([lse.to(f) for _, lse in parts])  # (P, B, Hg, n)
+    top = L.detach().amax(0)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    w = torch.exp(L - top)
+    tot = w.sum(0)
+    empty = tot == 0
+    safe = torch.where(empty, torch.ones_like(tot), tot)
+    acc = parts[0][0].to(f) * w[0][..., None]
+    for i in range(1, len(parts)):
+        acc = acc + parts[i][0].to(f) * w[i][..., None]
+    out = (acc / safe[..., None]).to(dtype)
+    return out, torch.where(empty, torch.full_like(tot, -math.inf), torch.log(safe) + top)
 
 
 # --------------------------------------------------------------------- the table

@@ -70,7 +70,7 @@ from ._flex_masks import (
     release_workspace,
 )
 from ._inputs import check_scale, check_shapes, resolve
-from .backend import Backend, Inputs, as_tensors, grads_by_autograd
+from .backend import Backend, Inputs, as_tensors, grads_by_autograd, merge_by_lse
 from .planning import BLOCK, ExecutionPlan
 
 __all__ = ["BACKEND", "FLEX_BLOCK", "MASKS", "RECOMPILE_LIMIT", "flex_attention_plan", "forward", "backward",
@@ -302,21 +302,6 @@ def piece_attention(torch: Any, plan: ExecutionPlan, p: int, q: Any, k: Any, v: 
     return o.index_select(2, inv), (None if lse is None else lse.index_select(2, inv))
 
 
-def _merge(torch: Any, outs: list[Any], lses: list[Any]) -> tuple[Any, Any]:
-    """Pieces of one softmax merged by their log-sum-exp; rows no piece covers stay 0 and
-    ``-inf``, with zero (not NaN) gradients."""
-    L = torch.stack(lses)  # (P, B, Hg, n)
-    m = L.detach().amax(0)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    w = torch.exp(L - m)
-    tot = w.sum(0)
-    empty = tot == 0
-    safe = torch.where(empty, torch.ones_like(tot), tot)
-    out = sum(w[i][..., None] * o for i, o in enumerate(outs)) / safe[..., None]
-    lse = torch.where(empty, torch.full_like(tot, -math.inf), torch.log(safe) + m)
-    return out, lse
-
-
 def flex_attention_plan(
     q: Any, k: Any, v: Any, plan: ExecutionPlan, *, scale: float | None = None,
     return_lse: bool = False, compile: bool | None = None, pattern: Pattern | None = None,
@@ -406,7 +391,7 @@ def flex_attention_plan(
         elif len(res) == 1:
             o, lse = res[0][0].to(f), (None if res[0][1] is None else res[0][1].to(f))
         else:
-            o, lse = _merge(torch, [r[0].to(f) for r in res], [r[1].to(f) for r in res])
+            o, lse = merge_by_lse(torch, [(r[0], r[1]) for r in res], f)
         groups.append((o, lse))
     if G == 1:
         out, lse = groups[0]
