@@ -593,20 +593,9 @@ class Pattern:
         >>> again == pat and again.params == pat.params
         True
         """
-        from .algebra import ExpressionRule, expression_recipe  # noqa: PLC0415
-        from .patterns import registry  # noqa: PLC0415
+        from ._rebuild import recipe_of  # noqa: PLC0415 - reaches algebra and the registry
 
-        if isinstance(self._rule, ExpressionRule):
-            recipe = expression_recipe(self)
-            if recipe is not None:
-                return _restore, ("expression", recipe, self._head_names)
-        spec = registry.REGISTRY.get(self._name)
-        taken = {q.name for q in spec.params} if spec is not None else set()
-        if self._rule is not None and spec is not None and set(self._params) - {"documents"} == taken:
-            return _restore, ("family", (self._name, self._n, dict(self._params)),
-                              self._head_names)
-        return _restore, ("heads", (self.heads, self._name, dict(self._params), self._causal),
-                          self._head_names)
+        return recipe_of(self)
 
     # --------------------------------------------------- algebra (sparse_patterns.algebra)
     def __or__(self, other: Any) -> Pattern:
@@ -624,25 +613,6 @@ class Pattern:
     def __add__(self, other: Any) -> Pattern:
         """The heads of both, ``self``'s first: ``algebra.combine("+", self, other)``."""
         return _combine("+", self, other)
-
-
-def _restore(kind: str, what: Any, head_names: tuple[str, ...]) -> Pattern:
-    """The pattern :meth:`Pattern.__reduce__` described."""
-    if kind == "expression":
-        from .algebra import from_expression  # noqa: PLC0415
-
-        pat = from_expression(what)
-    elif kind == "family":
-        from .patterns import registry  # noqa: PLC0415
-
-        name, n, params = what
-        pat = registry.make(name, n, **params)
-    else:
-        heads, name, params, causal = what
-        return Pattern(heads, name=name, params=params, causal=causal, head_names=head_names)
-    if pat._head_names != tuple(head_names):
-        pat._head_names = tuple(head_names)
-    return pat
 
 
 def _combine(op: str, a: Pattern, b: Any) -> Any:  # a Pattern, or NotImplemented
