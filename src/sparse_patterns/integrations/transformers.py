@@ -150,39 +150,53 @@ def configure(model: Any, patterns: Pattern | Sequence[Pattern], *, mode: str = 
 
 
 # --------------------------------------------------------------------- masks
+#: Query rows of the model's mask read at a time: the checks hold (rows, L), never (L, L).
+_ROWS = 256
+
+
 def _documents_of(mask: Any) -> list[tuple[int, ...] | None] | None:
     """Per batch row, the document lengths of a mask that is causal within each document
     and right-padded (None for a row that is plain causal), or None when the mask is
-    neither."""
+    neither.
+
+    Read ``_ROWS`` query rows at a time: query ``i`` of a real token must see exactly the
+    keys ``first_i .. i`` (no later key, ``i - first_i + 1`` keys in all), where
+    ``first_i`` is its document's first token (the previous row's, or ``i`` itself where
+    a document starts); the keys any query sees must be a prefix (right padding).
+    """
     import torch  # noqa: PLC0415
 
     B, _, L, S = mask.shape
     if S != L:
         return None
-    m = mask[:, 0] if mask.dtype == torch.bool else mask[:, 0] == 0  # (B, L, L)
-    idx = torch.arange(L, device=m.device)
-    tril = idx[:, None] >= idx[None, :]
+    idx = torch.arange(L, device=mask.device)
     out: list[tuple[int, ...] | None] = []
     for b in range(B):
-        row = m[b]
-        if bool((row & ~tril).any()):
-            return None  # attends a later key: not causal
-        valid = row.any(dim=0) | row.diagonal()  # keys some query sees
+        first = torch.empty(L, dtype=torch.long, device=mask.device)
+        count = torch.empty(L, dtype=torch.long, device=mask.device)
+        valid = torch.zeros(L, dtype=torch.bool, device=mask.device)
+        for a in range(0, L, _ROWS):
+            rows = mask[b, 0, a : a + _ROWS]
+            rows = rows if rows.dtype == torch.bool else rows == 0  # (R, L)
+            i = idx[a : a + rows.shape[0], None]
+            if bool((rows & (idx[None, :] > i)).any()):
+                return None  # attends a later key: not causal
+            first[a : a + rows.shape[0]] = rows.to(torch.uint8).argmax(dim=1)
+            count[a : a + rows.shape[0]] = rows.sum(dim=1)
+            valid |= rows.any(dim=0)
         length = int(valid.long().cumprod(0).sum())  # the valid prefix
         if bool(valid[length:].any()):
             return None  # a valid key after a pad: left padding or holes
-        # documents: where the first key a query sees jumps
-        first = torch.where(row.any(dim=1), row.float().argmax(dim=1), idx)[:length]
-        starts = torch.nonzero(first == idx[:length]).ravel().tolist()
-        bounds = [*starts, length]
-        lengths = tuple(bounds[i + 1] - bounds[i] for i in range(len(starts)))
-        doc = torch.repeat_interleave(torch.arange(len(lengths), device=m.device),
-                                      torch.tensor(lengths, device=m.device))
-        want = tril[:length, :length] & (doc[:, None] == doc[None, :])
-        if not torch.equal(row[:length, :length], want):
-            return None  # not causal within documents (a sliding window, a custom mask)
+        f, c, i = first[:length], count[:length], idx[:length]
+        if not bool((c == i - f + 1).all()):
+            return None  # not every key from the document's start (a window, a custom mask)
+        starts = (f == i).nonzero().ravel()
+        if length and not bool(((f[1:] == f[:-1]) | (f[1:] == i[1:])).all() and f[0] == 0):
+            return None  # a query whose first key is not its document's start
+        bounds = [*starts.tolist(), length]
+        lengths = tuple(bounds[k + 1] - bounds[k] for k in range(len(bounds) - 1))
         pad = L - length
-        out.append(None if len(lengths) == 1 else lengths + ((pad,) if pad else ()))
+        out.append(None if len(lengths) <= 1 else lengths + ((pad,) if pad else ()))
     return out
 
 
