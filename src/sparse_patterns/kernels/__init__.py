@@ -77,7 +77,7 @@ def attention(
         ``sum_j P_ij |v_j|`` (the rounding of ``P``) and, where the pieces of a
         ``merged`` pattern hand a partial output on through memory (strided's
         residue classes to its window), 2**-8 of that part's ``sum_j P_ij |v_j|``
-        (rounded to bf16 once; ``tests/test_half.py``). Torch
+        (rounded to bf16 once; ``tests/kernels/cpu/test_half.py``). Torch
         tensors must be on the CPU for ``"numba"`` and ``"reference"``; gradients are
         not tracked (use :class:`sparse_patterns.torch.SparseAttention`).
     pattern : Pattern or ExecutionPlan
@@ -179,7 +179,7 @@ def attention_backward(
         :func:`attention`), ``P`` and ``dS`` are rounded to bf16 between the
         products: each gradient also within 2**-8 of the sum of absolute products it
         adds (``P^T |dO|``, ``scale |dS| |K|``, ``scale |dS|^T |Q|``;
-        ``tests/test_half.py``).
+        ``tests/kernels/cpu/test_half.py``).
 
     Raises
     ------

@@ -27,7 +27,7 @@ no file may be left behind.
 The CI run is short (``SP_FUZZ_EXAMPLES``, default 15 examples a strategy,
 a few seconds). Run longer with::
 
-    SP_FUZZ_EXAMPLES=2000 .venv/bin/pytest -q -p no:cacheprovider tests/test_hostile_files.py
+    SP_FUZZ_EXAMPLES=2000 .venv/bin/pytest -q -p no:cacheprovider tests/export/test_hostile_files.py
 """
 
 from __future__ import annotations
@@ -743,7 +743,7 @@ def test_issue_cases_stay_within_memory_and_leave_nothing(tmp_path):
     before = sorted(os.listdir(d))
     warm = tmp_path / "warm"
     warm.mkdir()
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1] / "src"))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2] / "src"))
     res = subprocess.run([sys.executable, "-c", CHILD, str(warm), *map(str, files.values())],
                          capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stderr[-2000:]

@@ -1,8 +1,7 @@
 """The ``patterns`` app and what every command module shares: the typer app, the consoles,
 :func:`cli_command` (an exception as one line and an exit status) and :func:`emit_json`.
 
-:mod:`sparse_patterns.cli` defines the commands on it and registers
-:mod:`._search_cli`'s; both import this module, neither the other.
+Each command module of :mod:`sparse_patterns.cli` imports this one; none imports another.
 """
 
 from __future__ import annotations
@@ -16,9 +15,10 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from ._cliargs import ClickException, Group, report, set_debug
+from ._args import MAX_N, ClickException, Group, int_option, report, set_debug
 
-__all__ = ["app", "console", "err_console", "PATTERN_CONTEXT", "cli_command", "emit_json"]
+__all__ = ["app", "console", "err_console", "PATTERN_CONTEXT", "cli_command", "emit_json",
+           "NAME", "N", "FILE", "JSON", "int_opt"]
 
 app = typer.Typer(
     name="patterns",
@@ -95,3 +95,18 @@ def emit_json(obj: Any) -> None:
         raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
     sys.stdout.write(json.dumps(obj, default=default, indent=2) + "\n")
+
+
+#: The options every pattern command shares (typer reads a default; sharing one is safe).
+NAME = typer.Argument(None, help="Pattern name (see `patterns list`).")
+N = typer.Option(None, "--n", help=f"Sequence length (1 to {MAX_N}).", metavar="<int>",
+                  parser=int_option("n", 1, MAX_N))
+FILE = typer.Option(None, "--file", help="A saved pattern (.npz, .safetensors, .json).")
+JSON = typer.Option(False, "--json", help="Print JSON.")
+
+def int_opt(name: str, default: int | None, help: str, lo: int = 1, hi: int | None = None,
+         flags: tuple[str, ...] = ()) -> Any:
+    """An integer option whose bad value is one line naming the range (not typer's box)."""
+    rng = f"{lo} to {hi}" if hi is not None else f">= {lo}"
+    return typer.Option(default, *(flags or ("--" + name.replace("_", "-"),)),
+                        help=f"{help} ({rng}).", metavar="<int>", parser=int_option(name, lo, hi))

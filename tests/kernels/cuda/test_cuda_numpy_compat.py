@@ -10,7 +10,7 @@ attribute and its ``__all__`` entry, as NumPy 2.5 does) before it imports
 a check of NumPy's version, which says 2.4 here: so the process imports numba's
 ``arrayobj`` before removing the alias, as numba on NumPy 2.5 would have skipped it.
 
-Nothing here imports ``numba.cuda`` in the pytest process (``tests/test_cuda.py`` must
+Nothing here imports ``numba.cuda`` in the pytest process (``tests/kernels/cuda/test_cuda.py`` must
 import it first, with the simulator).
 """
 

@@ -2,7 +2,7 @@
 
 ``NUMBA_ENABLE_CUDASIM`` is read when ``numba.cuda`` is first imported, so this
 module sets it (unless the environment already chose: ``NUMBA_ENABLE_CUDASIM=0
-pytest tests/test_cuda.py`` runs the same tests on a real GPU) before anything
+pytest tests/kernels/cuda/test_cuda.py`` runs the same tests on a real GPU) before anything
 imports ``numba.cuda``; the CPU numba kernels are unaffected. Should some other
 module have imported ``numba.cuda`` for real first, on a machine without a GPU,
 the tests here skip themselves and ``test_whole_module_in_a_subprocess`` runs

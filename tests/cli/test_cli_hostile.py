@@ -8,7 +8,7 @@ SIGTERM/SIGHUP during a write remove the temporary file and exit 143/129.
 The fuzzer (hypothesis) runs a short budget in CI. For a longer run::
 
     SPARSE_PATTERNS_FUZZ_EXAMPLES=5000 .venv/bin/pytest -q -p no:cacheprovider \\
-        tests/test_cli_hostile.py -k fuzz
+        tests/cli/test_cli_hostile.py -k fuzz
 
 (about 0.1 s an example; render and export examples are the slow ones).
 """
@@ -30,8 +30,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from sparse_patterns import _atomic, _cliargs, config
+from sparse_patterns import _atomic, config
 from sparse_patterns.catalog import CATALOG
+from sparse_patterns.cli import _args as _cliargs
 from sparse_patterns.cli import app
 
 runner = CliRunner()

@@ -19,7 +19,7 @@ def test_verify_passes_exit_0():
 
 
 def test_verify_default_is_readme_strided(monkeypatch):
-    import sparse_patterns.cli as cv
+    import sparse_patterns.cli.verify as cv
 
     monkeypatch.setattr(cv, "DEFAULT", ("strided", 1024, ["--stride", "32"]))
     res = runner.invoke(app, ["verify", "--json"])

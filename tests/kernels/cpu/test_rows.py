@@ -1,7 +1,7 @@
 """Row ranges of a pattern, the memory guard of the whole CSR, and streamed consumers.
 
 Every row range is compared with the rows of the materialized CSR (built by the
-generator's ``build``), which tests/test_patterns.py compares with the dense
+generator's ``build``), which tests/patterns/test_patterns.py compares with the dense
 oracle: so ``rows`` is checked against an independent reference transitively.
 """
 

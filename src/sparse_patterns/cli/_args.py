@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - older typer, on click
     from click.exceptions import ClickException
 
 if TYPE_CHECKING:
-    from .pattern import Pattern
+    from ..pattern import Pattern
 
 __all__ = [
     "UsageError", "OptionValueError", "ClickException", "Command", "Group", "report", "set_debug", "int_option",
@@ -98,7 +98,7 @@ def parse_int(name: str, value: Any, lo: int, hi: int | None = None,
     >>> parse_int("n", "1.5", 1, 100)
     Traceback (most recent call last):
     ...
-    sparse_patterns._cliargs.UsageError: n: must be an integer [1, 100], got '1.5'
+    sparse_patterns.cli._args.UsageError: n: must be an integer [1, 100], got '1.5'
     """
     rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
     if isinstance(value, str):
@@ -267,7 +267,7 @@ def parse_params(name: str | Sequence[str], args: Sequence[str]) -> dict[str, st
     >>> parse_params("strided", ["--causal", "--no-causal"])
     Traceback (most recent call last):
     ...
-    sparse_patterns._cliargs.UsageError: causal: --causal/--no-causal given twice; give it once
+    sparse_patterns.cli._args.UsageError: causal: --causal/--no-causal given twice; give it once
     """
     names = [name] if isinstance(name, str) else list(name)
     known: dict[str, Any] = {}
@@ -327,7 +327,7 @@ def pattern_from_args(name: str | None, n: int | None, args: Sequence[str],
     if file is not None:
         if name is not None or args:
             raise UsageError("file: give either a pattern name with its options or --file, not both")
-        from .export import load  # noqa: PLC0415
+        from ..export import load  # noqa: PLC0415
 
         try:
             pat = load(file)
@@ -338,7 +338,7 @@ def pattern_from_args(name: str | None, n: int | None, args: Sequence[str],
         except Exception as exc:  # whatever a malformed file breaks that load() does not check
             raise UsageError(f"file: cannot read {file!r}: {type(exc).__name__}: "
                              f"{first_line(exc)}") from exc
-        from .documents import within  # noqa: PLC0415
+        from ..documents import within  # noqa: PLC0415
 
         return within(pat, documents)
     if name is None:
@@ -497,7 +497,7 @@ def parse_schedule(text: str, n: int, documents: list[int] | None = None) -> lis
     >>> parse_schedule("local:window", 8)
     Traceback (most recent call last):
     ...
-    sparse_patterns._cliargs.UsageError: schedule: layer 1 'local:window' must be NAME or NAME:KEY=VALUE[:KEY=VALUE...] (e.g. local:window=128)
+    sparse_patterns.cli._args.UsageError: schedule: layer 1 'local:window' must be NAME or NAME:KEY=VALUE[:KEY=VALUE...] (e.g. local:window=128)
     """
     items = _schedule_items(text)
     if not items:

@@ -338,7 +338,7 @@ def test_gallery_holds_the_document_and_schedule_figures():
 
     plan = dict(gallery._plan())
     assert {"documents_strided.png", "schedule_local_full.png"} <= set(plan)
-    committed = Path(__file__).resolve().parent.parent / "figures"
+    committed = Path(__file__).resolve().parents[2] / "figures"
     for name in ("documents_strided.png", "schedule_local_full.png"):
         assert (committed / name).read_bytes().startswith(MAGIC_PNG)
     fig = plan["documents_strided.png"]()

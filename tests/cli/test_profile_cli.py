@@ -92,7 +92,7 @@ def columns_80(monkeypatch):
     """The command's console 80 columns wide, whatever COLUMNS said when it was made."""
     from rich.console import Console
 
-    monkeypatch.setattr("sparse_patterns.cli.console", Console(width=80))
+    monkeypatch.setattr("sparse_patterns.cli.profile.console", Console(width=80))
 
 
 @pytest.mark.parametrize("baselines", ["none", "sdpa"])

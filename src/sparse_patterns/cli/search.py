@@ -24,8 +24,8 @@ from typing import Any
 
 import typer
 
-from ._cliapp import PATTERN_CONTEXT, cli_command, console, emit_json, err_console
-from ._cliargs import (
+from ._app import PATTERN_CONTEXT, cli_command, console, emit_json, err_console
+from ._args import (
     Command,
     UsageError,
     int_option,
@@ -62,7 +62,7 @@ def parse_grid(items: list[str] | None) -> dict[str, list[str]]:
     >>> parse_grid(["stride"])
     Traceback (most recent call last):
     ...
-    sparse_patterns._cliargs.UsageError: grid: expected NAME=V1,V2,... (e.g. stride=64,128), got 'stride'
+    sparse_patterns.cli._args.UsageError: grid: expected NAME=V1,V2,... (e.g. stride=64,128), got 'stride'
     """
     out: dict[str, list[str]] = {}
     for item in items or []:
@@ -78,7 +78,7 @@ def parse_grid(items: list[str] | None) -> dict[str, list[str]]:
 
 
 def _ints(name: str, text: str, lo: int, hi: int) -> list[int]:
-    from ._cliargs import parse_int  # noqa: PLC0415
+    from ._args import parse_int  # noqa: PLC0415
 
     vals = [parse_int(name, v, lo, hi) for v in text.split(",") if v.strip()]
     if not vals:
@@ -161,7 +161,7 @@ def search_cmd(
     Pareto front (cheapest verified candidates per n); failed candidates are rows with
     their error, listed on stderr.
     """
-    from .search import SearchInterrupted, _plot, search  # noqa: PLC0415 - dask: only here
+    from ..search import SearchInterrupted, _plot, search  # noqa: PLC0415 - dask: only here
 
     names, rest, ns = split_names(list(ctx.args), n, "16384,65536")
     axes: dict[str, Any] = parse_grid(grid)
@@ -182,7 +182,7 @@ def search_cmd(
         raise UsageError(f"plot_x: must be one of {', '.join(_plot.X_AXES)}; got {shown(plot_x)}")
     out = None
     if plot is not None:
-        from .render import check_output  # noqa: PLC0415
+        from ..render import check_output  # noqa: PLC0415
 
         out = check_output(plot)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
@@ -243,7 +243,7 @@ def _save_plot(result: Any, out: Any, x: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    from .render import save_figure  # noqa: PLC0415
+    from ..render import save_figure  # noqa: PLC0415
 
     ax = result.plot(x=x)
     try:
