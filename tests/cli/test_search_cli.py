@@ -66,30 +66,33 @@ def test_table_plot_markdown_and_cache(address, tmp_path):
     args = ["fixed", "--n", "256", "--grid", "stride=8,16,32", "--grid", "c=2,64",
             "--scheduler", address, "--cache", str(cache)]
     r = run(*args, "--plot", str(png))
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 1, r.output  # every row printed; some candidates errored
     assert "Pareto front: cheapest verified per n" in r.stdout and "fixed stride=32 c=2" in r.stdout
     assert "6 candidates: 3 verified, 0 failing a criterion, 3 errors; 6 computed" in r.stdout
     assert "failed: fixed stride=8 c=64 n=256: ValueError: c: " in r.stderr
     assert png.read_bytes()[:4] == b"\x89PNG" and cache.exists()
     r = run(*args, "--markdown", "--all")
-    assert r.exit_code == 0 and r.stdout.startswith("| candidate | n | ok |")
+    assert r.exit_code == 1 and r.stdout.startswith("| candidate | n | ok |")
     assert len(r.stdout.strip().splitlines()) == 2 + 6
     r = run(*args)
     assert "0 computed, 6 from the cache" in r.stdout
     r = run("fixed", "--n", "256", "--grid", "stride=8", "--no-causal", "--scheduler", address,
             "--json", "--all")
-    assert r.exit_code == 0 and json.loads(r.stdout)["rows"][0]["params"]["causal"] is False
+    d = json.loads(r.stdout)
+    assert d["rows"][0]["params"]["causal"] is False
+    # exit 1 unless every candidate verified
+    assert r.exit_code == (0 if d["counts"]["verified"] == d["counts"]["candidates"] else 1)
 
 
-def test_corrupted_cache_is_kept_and_a_new_one_started(address, tmp_path):
+def test_a_file_that_is_not_a_cache_is_refused_and_kept(address, tmp_path):
     bad = tmp_path / "r.parquet"
     bad.write_bytes(b"garbage")
     r = run("strided", "--n", "64", "--grid", "stride=4", "--scheduler", address, "--cache",
             str(bad))
-    assert r.exit_code == 0, r.output
-    assert "note: cache:" in r.stderr and "is not a readable Parquet file" in r.stderr
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1 and "is not a search cache (not a readable Parquet" in r.stderr
     assert bad.read_bytes() == b"garbage"
-    assert len(list(tmp_path.iterdir())) == 2
+    assert len(list(tmp_path.iterdir())) == 1
 
 
 @pytest.mark.parametrize(

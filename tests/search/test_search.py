@@ -346,39 +346,52 @@ def test_ctrl_c_while_rows_wait_saves_them(cluster, tmp_path, monkeypatch):
     _settle(cluster)
 
 
-def test_cache_of_another_version_or_corrupted_is_kept(cluster, tmp_path):
+def _row(n=16):
+    """A real row, computed here (no cluster)."""
+    from sparse_patterns.search._tasks import run_candidate
+
+    rec = {"family": "strided", "params": {"stride": 4, "window": "paper", "causal": True},
+           "n": n, "mode": "interleaved", "block": 4, "batch": 1, "heads": 2, "head_dim": 8,
+           "depth": None}
+    return run_candidate(rec, sps.__version__, ("verify", "flops"))
+
+
+def test_cache_of_another_version_is_kept_and_a_foreign_file_refused(cluster, tmp_path):
     old = tmp_path / "r.jsonl"
     old.write_text('{"format": "sparse-patterns search cache", "schema": 1, "version": "0.0.1"}\n')
+    before = old.read_bytes()
+    res = search("strided", {"stride": 8}, 64, client=cluster[0], cache=old)
+    assert old.read_bytes() == before  # never overwritten
+    beside = old.with_name(f"r.v{sps.__version__}.jsonl")
+    assert res.cache == str(beside) and beside.exists()
+    assert "it is kept as it is" in res.notes[0] and str(old) in res.notes[0]
+    assert "0.0.1" in res.notes[0]
+    again = search("strided", {"stride": 8}, 64, client=cluster[0], cache=old)
+    assert again.computed == 0 and again.cache == str(beside)
     junk = tmp_path / "j.parquet"
     junk.write_bytes(b"PAR1 not really")
-    for path in (old, junk):
-        before = path.read_bytes()
-        res = search("strided", {"stride": 8}, 64, client=cluster[0], cache=path)
-        assert path.read_bytes() == before  # never overwritten
-        beside = path.with_name(f"{path.stem}.v{sps.__version__}{path.suffix}")
-        assert res.cache == str(beside) and beside.exists()
-        assert "it is kept as it is" in res.notes[0] and str(path) in res.notes[0]
-        again = search("strided", {"stride": 8}, 64, client=cluster[0], cache=path)
-        assert again.computed == 0 and again.cache == str(beside)
-    assert "0.0.1" in search("strided", {"stride": 8}, 64, client=cluster[0], cache=old).notes[0]
+    with pytest.raises(ValueError, match="is not a search cache .* it is left as it is"):
+        search("strided", {"stride": 8}, 64, client=cluster[0], cache=junk)
+    assert junk.read_bytes() == b"PAR1 not really"
 
 
 def test_open_cache_damage(tmp_path):
     v = sps.__version__
     p = tmp_path / "a.jsonl"
     c = open_cache(p, v)
-    c.add({"key": "k", "status": "ok", "measured": "verify", "n": 4})
+    k = _row()
+    c.add(k)
     c.close()
     with open(p, "a") as f:
         f.write('{"key": "k2", "sta')  # a write cut by a kill
     c = open_cache(p, v)
-    assert list(c.rows) == ["k"] and "unfinished line" in c.notes[0]
+    assert list(c.rows) == [k["key"]] and "unfinished line" in c.notes[0]
     c.close()
     assert p.read_text().endswith("}\n")
     with open(p, "a") as f:
-        f.write('{"key": "k3", "status": "ok", "n": "sixteen"}\n')  # a bad value
-    c = open_cache(p, v)
-    assert c.path.name == f"a.v{v}.jsonl" and "bad n" in c.notes[0]
+        f.write(json.dumps({**_row(32), "n": "sixteen"}) + "\n")  # a bad value
+    c = open_cache(p, v)  # an invalid row: dropped, said, computed again; the file kept
+    assert c.path == p and list(c.rows) == [k["key"]] and "bad n" in c.notes[0]
     c.close()
     with pytest.raises(ValueError, match="cache: unknown format '.csv'"):
         open_cache(tmp_path / "r.csv", v)
@@ -389,12 +402,15 @@ def test_open_cache_damage(tmp_path):
         open_cache(tmp_path / "d.parquet", v)
     q = tmp_path / "b.parquet"
     c = open_cache(q, v)
-    c.add({"key": "x", "status": "error", "error": "ValueError: no", "measured": "verify,flops"})
+    err = {**_row(), "status": "error", "error": "ValueError: no", "ok": None, "criterion1": None,
+           "criterion2": None}
+    c.add(err)
     c.close()
     c = open_cache(q, v)
-    assert c.rows["x"]["error"] == "ValueError: no" and c.lookup("x", ("verify",)) is not None
-    assert c.lookup("x", ("verify",), retry_errors=True) is None
-    assert c.lookup("x", ("verify", "flops", "time")) is None
+    x = err["key"]
+    assert c.rows[x]["error"] == "ValueError: no" and c.lookup(x, ("verify",)) is not None
+    assert c.lookup(x, ("verify",), retry_errors=True) is None
+    assert c.lookup(x, ("verify", "flops", "time")) is None
     c.close()
 
 
@@ -408,7 +424,8 @@ def test_one_search_at_a_time_writes_a_cache(cluster, tmp_path, suffix):
     p = tmp_path / f"r{suffix}"
     v = sps.__version__
     first = open_cache(p, v)
-    first.add({"key": "k", "status": "ok", "measured": "verify", "n": 4})
+    k = _row()
+    first.add(k)
     with pytest.raises(ValueError, match=rf"^cache: .*r{suffix}' is in use by another search "
                        rf"\(process {os.getpid()}\)"):
         search("strided", {"stride": 4}, 64, client=cluster[0], cache=p)
@@ -417,7 +434,7 @@ def test_one_search_at_a_time_writes_a_cache(cluster, tmp_path, suffix):
     res = search("strided", {"stride": 4}, 64, client=cluster[0], cache=p)
     assert res.computed == 1 and not (tmp_path / f"r{suffix}.lock").exists()
     again = open_cache(p, v)
-    assert set(again.rows) == {"k", res.rows[0]["key"]}  # both searches' rows are there
+    assert set(again.rows) == {k["key"], res.rows[0]["key"]}  # both searches' rows are there
     again.close()
     # another process holding it: refused the same way, with its process id
     code = ("import sys, time; from sparse_patterns.search._cache import open_cache; "

@@ -9,8 +9,10 @@ family or parameter, a value of the wrong type, an unreachable scheduler) is
 one line and exit status 2 before any cluster starts; Ctrl-C says how much is
 saved in the cache and exits 130. Candidates that fail (an invalid parameter
 combination, out of memory) are rows with their error, listed on stderr; the
-search still exits 0. dask and distributed log nothing here: what matters comes back
-as one line (a lost scheduler, a worker with no package).
+search goes on, prints every row it has, and then exits 1 when any candidate
+errored or failed a criterion (0 only when every candidate verified). dask and
+distributed log nothing here: what matters comes back as one line (a lost
+scheduler, a worker with no package, no worker left).
 """
 
 from __future__ import annotations
@@ -159,7 +161,8 @@ def search_cmd(
     (--measure time: also its forward time). A grid parameter applies to every named
     pattern that takes it; pattern options (--window reference) fix a value. Prints the
     Pareto front (cheapest verified candidates per n); failed candidates are rows with
-    their error, listed on stderr.
+    their error, listed on stderr. Exit status 1 when any candidate errored or failed a
+    criterion, 2 for bad input, 130 on Ctrl-C.
     """
     from ..search import SearchInterrupted, _plot, search  # noqa: PLC0415 - dask: only here
 
@@ -225,6 +228,9 @@ def search_cmd(
     _list_errors(result)
     if out is not None:
         err_console.print(f"wrote {out}", highlight=False)
+    c = result.counts()
+    if c["failed"] or c["errors"]:  # the rows are printed; the status says not all verified
+        raise typer.Exit(1)
 
 
 def _list_errors(result: Any) -> None:

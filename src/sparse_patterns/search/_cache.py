@@ -9,31 +9,51 @@ package version (Parquet in its schema metadata, JSON lines in its first line),
 and a row's ``key`` hashes its recipe with the version
 (:func:`~sparse_patterns.search._tasks.recipe_key`).
 
-A file that is not a cache of this version (another version, another
-program's file, a corrupted one) is never overwritten: the search says so and
-starts a new file beside it, ``NAME.vVERSION.SUFFIX`` (then
-``NAME.vVERSION-2.SUFFIX``, ...), which the next run with the same path finds
-and resumes. The one repair made in place is to a JSON lines file whose last
-line is unfinished (a write interrupted by a kill): that partial line is cut
-off, and its candidate is computed again.
+A path names a regular file or nothing yet (a FIFO, a device or a directory is
+refused before it is opened); a symbolic link stands for the file it points to.
+A file that is not a search cache at all (another program's file, JSON lines
+without the header) is refused with a one-line error and left as it is. A cache
+of another version is never overwritten: the search says so and starts a new
+file beside it, ``NAME.vVERSION.SUFFIX`` (then ``NAME.vVERSION-2.SUFFIX``,
+...), which the next run with the same path finds and resumes.
+
+Rows are not trusted: every row is checked against the schema and against its
+key (the recipe its fields name must hash to it, its parameters must be what
+the family resolves them to, its verdict must agree with its two criteria).
+A row that fails is dropped, said once in :attr:`Cache.notes`, and its
+candidate computed again; the file is rewritten without it. Free text (an
+error message, a worker's name) is cut to
+:data:`~sparse_patterns.search._tasks.TEXT_LIMIT` characters and rid of
+control characters. Reading is bounded by the load limit
+(:func:`sparse_patterns.config.get_load_limit`): the file's bytes, and its
+rows at :data:`ROW_BYTES` each. The one repair made in place is to a JSON
+lines file whose last line is unfinished (a write interrupted by a kill): that
+partial line is cut off, and its candidate is computed again.
 
 One search at a time writes a cache: :func:`open_cache` holds an exclusive
-lock (``flock``) on ``PATH.lock`` until :meth:`Cache.close`, and a second
-search given the same path is refused with a one-line error instead of
-rewriting the first one's rows away. The lock file is removed on close.
+lock (``flock``) on ``PATH.lock`` until :meth:`Cache.close`, where ``PATH`` is
+the resolved path (so every spelling of it, through a symbolic link or not,
+shares one lock), and on the lock of the file beside it in use. A second search
+given the same path is refused with a one-line error instead of rewriting the
+first one's rows away. Lock files are opened without following a symbolic
+link and must be regular files; they are removed on close.
 
 Examples
 --------
 >>> import os, tempfile
+>>> from sparse_patterns.search._tasks import _blank
 >>> path = os.path.join(tempfile.mkdtemp(), "r.jsonl")
->>> c = open_cache(path, "0.1.0")
->>> c.add({"key": "k1", "status": "ok", "measured": "verify", "n": 16}); c.close()
->>> c = open_cache(path, "0.1.0"); sorted(c.rows), c.lookup("k1", ("verify",)) is not None
-(['k1'], True)
+>>> rec = {"family": "strided", "params": {"stride": 4, "window": "paper", "causal": True},
+...        "n": 16, "mode": "interleaved", "block": 4, "batch": 1, "heads": 2, "head_dim": 8,
+...        "depth": None}
+>>> row = {**_blank(rec, "0.1.0", ("verify",)), "status": "error", "error": "ValueError: no"}
+>>> c = open_cache(path, "0.1.0"); c.add(row); c.close()
+>>> c = open_cache(path, "0.1.0"); list(c.rows) == [row["key"]]
+True
 >>> c.close(); open(path, "a").write('{"key": "k2"'); c = open_cache(path, "0.1.0")
 12
->>> sorted(c.rows), c.notes[0].split(":")[0]
-(['k1'], 'cache')
+>>> len(c.rows), c.notes[0].split(":")[0]
+(1, 'cache')
 >>> c.close(); c = open_cache(path, "0.2.0"); c.path.name, len(c.rows)
 ('r.v0.2.0.jsonl', 0)
 >>> c.close()
@@ -45,15 +65,18 @@ import errno
 import fcntl
 import json
 import os
+import re
+import stat
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .._atomic import atomic_write
-from ._tasks import FIELDS
+from ._tasks import FIELDS, MEASURES, clean_text, recipe_key, recipe_of
 
-__all__ = ["Cache", "open_cache", "FORMAT", "SCHEMA", "SUFFIXES", "WRITE_INTERVAL"]
+__all__ = ["Cache", "open_cache", "FORMAT", "SCHEMA", "SUFFIXES", "WRITE_INTERVAL", "ROW_BYTES",
+           "MAX_LINE"]
 
 #: What the header (JSON lines) or the schema metadata (Parquet) says the file is.
 FORMAT = "sparse-patterns search cache"
@@ -63,25 +86,48 @@ SCHEMA = 1
 SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 #: Least seconds between two rewrites of a Parquet cache while tasks finish.
 WRITE_INTERVAL = 0.5
+#: Bytes a row is counted for against the load limit: a row held as a dict of its ~50
+#: fields takes about 1.8 kB, and a row of a minimal JSON line is as big once read.
+ROW_BYTES = 4096
+#: Longest JSON line read as a row (bytes); a longer one is an invalid row.
+MAX_LINE = 1 << 16
 _META = b"sparse_patterns"
 _KINDS = dict(FIELDS)
 _MAX_BESIDE = 100
+#: Fields checked exactly (through the key); the other text is cleaned (clean_text).
+_EXACT = frozenset(("key", "version", "family", "params", "mode", "kernel_mode", "depth_search",
+                    "measured", "status"))
+_KEY = re.compile(r"[0-9a-f]{24}")
 
 
 class _Unusable(Exception):
-    """The file at a cache path is not a cache this run can resume (the reason)."""
+    """The file at a cache path is a cache this run cannot resume (another version)."""
+
+
+class _Foreign(Exception):
+    """The file at a cache path is not a search cache at all (the reason)."""
+
+
+class _BadRow(Exception):
+    """A stored row that is not a valid search row (the reason)."""
 
 
 def cache_format(path: Path) -> str:
     """``"parquet"`` or ``"jsonl"`` from the suffix, else ``ValueError``."""
     fmt = SUFFIXES.get(path.suffix.lower())
     if fmt is None:
-        raise ValueError(f"cache: unknown format {path.suffix or '(no suffix)'!r} of {str(path)!r}; "
-                         f"use {', '.join(SUFFIXES)}")
+        raise ValueError(f"cache: unknown format {_shown(path.suffix or '(no suffix)')} of "
+                         f"{_shown(path)}; use {', '.join(SUFFIXES)}")
     return fmt
 
 
-def _beside(path: Path, version: str) -> Iterator[Path]:
+def _shown(value: Any, limit: int = 80) -> str:
+    """``repr`` of a path or value, cut (a path can be thousands of characters)."""
+    text = repr(str(value))
+    return text if len(text) <= limit else f"{text[:limit - 1]}... ({len(str(value))} characters)"
+
+
+def _beside(path: Path, version: str) -> Iterable[Path]:
     """``path`` itself, then the names of new files beside it for this version."""
     yield path
     stem, suffix = path.name[: -len(path.suffix)], path.suffix
@@ -90,63 +136,217 @@ def _beside(path: Path, version: str) -> Iterator[Path]:
         yield path.with_name(f"{stem}.v{version}-{k}{suffix}")
 
 
-def _check_row(row: Any, where: str) -> dict[str, Any]:
-    """A stored row with every field (missing ones None), or ``_Unusable``."""
-    if not isinstance(row, dict) or not isinstance(row.get("key"), str) or row.get(
-            "status") not in ("ok", "error"):
-        raise _Unusable(f"has a row that is not a search result at {where}")
-    out = dict.fromkeys(_KINDS)
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _exists(path: Path) -> bool:
+    """Whether ``path`` is a regular file (False: nothing there); anything else is
+    ``ValueError``, before anything opens it (a FIFO would block, /dev/zero never end)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise ValueError(f"cache: cannot use {_shown(path)}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"cache: {_shown(path)} is {_kind(st.st_mode)}; give a regular file's "
+                         "path (or one that does not exist yet)")
+    return True
+
+
+def _open_regular(path: Path) -> BinaryIO:
+    """``path`` opened to read, without blocking on a FIFO swapped in since :func:`_exists`."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise ValueError(f"cache: cannot read {_shown(path)}: {exc.strerror or exc}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise ValueError(f"cache: {_shown(path)} is {_kind(st.st_mode)}; give a regular file's "
+                         "path (or one that does not exist yet)")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def _load_limit() -> tuple[int, int]:
+    """``(bytes, rows)`` a cache may hold to be read: the load limit, a row at ROW_BYTES."""
+    from .. import config  # noqa: PLC0415
+
+    limit = config.get_load_limit()
+    return limit, max(1, limit // ROW_BYTES)
+
+
+def _too_big(path: Path, what: str) -> ValueError:
+    from .. import config  # noqa: PLC0415
+
+    return ValueError(f"cache: {_shown(path)} {what}, above the load limit of "
+                      f"{config.format_bytes(config.get_load_limit())} "
+                      f"(rows count {ROW_BYTES:,} bytes each; config.set_load_limit)")
+
+
+def _check_row(row: Any, version: str) -> dict[str, Any]:
+    """A stored row with every field (missing ones None), its text cleaned; ``_BadRow``
+    (why) when it is not a valid row of ``version`` or contradicts its key."""
+    if not isinstance(row, dict):
+        raise _BadRow(f"not an object but {type(row).__name__}")
+    out: dict[str, Any] = dict.fromkeys(_KINDS)
     for name, value in row.items():
         kind = _KINDS.get(name)
         if kind is None:
-            raise _Unusable(f"has an unknown field {name!r} at {where}")
+            raise _BadRow(f"an unknown field {clean_text(str(name), 40)!r}")
         ok = (value is None or (kind == "str" and isinstance(value, str))
               or (kind == "bool" and isinstance(value, bool))
               or (kind == "int" and isinstance(value, int) and not isinstance(value, bool))
               or (kind == "float" and isinstance(value, (int, float))
                   and not isinstance(value, bool)))
         if not ok:
-            raise _Unusable(f"has a bad {name} ({value!r:.40}) at {where}")
-        out[name] = float(value) if kind == "float" and value is not None else value
+            raise _BadRow(f"a bad {name} ({clean_text(repr(value), 40)})")
+        if kind == "float" and value is not None:
+            value = float(value)
+        elif kind == "str" and value is not None and name not in _EXACT:
+            value = clean_text(value)
+        out[name] = value
+    _check_key(out, version)
+    _check_results(out)
     return out
+
+
+def _check_key(row: dict[str, Any], version: str) -> None:
+    """The row names the recipe its key hashes, as the family resolves it, at ``version``."""
+    from ..patterns import registry  # noqa: PLC0415
+
+    key = row["key"]
+    if not isinstance(key, str) or _KEY.fullmatch(key) is None:
+        raise _BadRow("no key")
+    if row["version"] != version:
+        raise _BadRow(f"version {clean_text(str(row['version']), 40)!r} under a cache of {version}")
+    for name in ("family", "params", "n", "mode", "kernel_mode", "block", "batch", "heads",
+                 "head_dim", "depth_search"):
+        if row[name] is None:
+            raise _BadRow(f"no {name}")
+    try:
+        rec = recipe_of(row)
+        if not isinstance(rec["params"], dict):
+            raise _BadRow(f"params that are a {type(rec['params']).__name__}, not an object")
+        resolved = registry.resolve(rec["family"], rec["n"], rec["params"])
+    except _BadRow:
+        raise
+    except (KeyError, ValueError, TypeError, RecursionError) as exc:
+        raise _BadRow(f"a recipe that is not valid ({clean_text(str(exc), 80)})") from None
+    if resolved != rec["params"] or recipe_key(rec, version) != key:
+        raise _BadRow("fields that do not match its key (another candidate's recipe)")
+    from ._tasks import kernel_mode  # noqa: PLC0415
+
+    if row["kernel_mode"] != kernel_mode(row["mode"]):
+        raise _BadRow("a kernel_mode that does not follow its mode")
+
+
+def _check_results(row: dict[str, Any]) -> None:
+    """The row's outcome is one a task makes: measures known, the verdict the criteria's."""
+    measured = (row["measured"] or "").split(",")
+    if not measured or any(m not in MEASURES for m in measured):
+        raise _BadRow(f"bad measures {clean_text(str(row['measured']), 40)!r}")
+    status = row["status"]
+    if status == "error":
+        if row["error"] is None or row["ok"] is not None:
+            raise _BadRow("an error status without its error, or with a verdict")
+        return
+    if status != "ok":
+        raise _BadRow(f"status {clean_text(str(status), 20)!r}")
+    if row["error"] is not None:
+        raise _BadRow("an error message under status 'ok'")
+    if "verify" in measured:
+        c1, c2 = row["criterion1"], row["criterion2"]
+        if row["ok"] is None or c1 is None or c2 is None or row["ok"] != (c1 and c2):
+            raise _BadRow("a verdict (ok) that is not both criteria's")
+    elif row["ok"] is not None:
+        raise _BadRow("a verdict without the verification")
+    if "flops" in measured and (row["useful_flops"] is None or row["computed_flops"] is None):
+        raise _BadRow("no FLOPs although measured")
+    if "time" in measured and row["time_s"] is None:
+        raise _BadRow("no time although measured")
 
 
 def _check_header(meta: Any, version: str) -> None:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise _Unusable("is not a search cache (no header naming it)")
+        raise _Foreign("no header naming it one")
     if meta.get("schema") != SCHEMA:
-        raise _Unusable(f"has row layout {meta.get('schema')!r}, not {SCHEMA}")
+        raise _Unusable(f"has row layout {clean_text(repr(meta.get('schema')), 40)}, not {SCHEMA}")
     if meta.get("version") != version:
-        raise _Unusable(f"was written by sparse-patterns {meta.get('version')!r}, not {version!r}")
+        raise _Unusable(f"was written by sparse-patterns {clean_text(repr(meta.get('version')), 40)}"
+                        f", not {version!r}")
 
 
 def _header(version: str) -> dict[str, Any]:
     return {"format": FORMAT, "schema": SCHEMA, "version": version}
 
 
-def _limit_size(path: Path) -> None:
-    from .. import config  # noqa: PLC0415
+class _Read:
+    """What reading a cache file found: the rows, the invalid ones (where, why), and the
+    byte length to cut a JSON lines file to when its last line is unfinished."""
 
-    size, limit = path.stat().st_size, config.get_load_limit()
-    if size > limit:
-        raise ValueError(f"cache: {str(path)!r} is {config.format_bytes(size)}, above the load "
-                         f"limit of {config.format_bytes(limit)} (config.set_load_limit)")
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.invalid: list[tuple[str, str]] = []
+        self.cut: int | None = None
+
+    def add(self, row: Any, version: str, where: str) -> None:
+        try:
+            self.rows.append(_check_row(row, version))
+        except _BadRow as exc:
+            self.invalid.append((where, str(exc)))
 
 
-def _read_jsonl(path: Path, version: str) -> tuple[list[dict[str, Any]], int | None]:
-    """The rows, and the byte length to cut the file to when its last line is unfinished."""
-    data = path.read_bytes()
-    lines = data.split(b"\n")
-    tail = lines.pop()  # b"" when the file ends with a newline
-    if not lines:
-        raise _Unusable("is not a search cache (no header line)")
-    try:
-        _check_header(json.loads(lines[0]), version)
-        rows = [_check_row(json.loads(line), f"line {k + 2}")
-                for k, line in enumerate(lines[1:]) if line.strip()]
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise _Unusable(f"is corrupted ({type(exc).__name__}: {str(exc)[:80]})") from None
-    return rows, (len(data) - len(tail) if tail else None)
+def _read_jsonl(path: Path, version: str) -> _Read | None:
+    """The rows of a JSON lines cache, read line by line (None: the file is empty)."""
+    limit, max_rows = _load_limit()
+    out = _Read()
+    with _open_regular(path) as f:
+        if os.fstat(f.fileno()).st_size > limit:
+            raise _too_big(path, f"is {os.fstat(f.fileno()).st_size:,} bytes")
+        first = f.readline(MAX_LINE + 1)
+        if not first:
+            return None
+        try:
+            meta = json.loads(first) if first.endswith(b"\n") else None
+        except (ValueError, RecursionError):
+            meta = None
+        _check_header(meta, version)
+        pos, k = len(first), 1
+        while True:
+            line = f.readline(MAX_LINE + 1)
+            if not line:
+                break
+            k += 1
+            if not line.endswith(b"\n"):
+                if len(line) <= MAX_LINE:  # the last line, unfinished: a write cut by a kill
+                    out.cut = pos
+                    break
+                while line and not line.endswith(b"\n"):  # skip the rest of a long line
+                    pos += len(line)
+                    line = f.readline(MAX_LINE + 1)
+                pos += len(line)
+                out.invalid.append((f"line {k}", f"longer than {MAX_LINE:,} bytes"))
+                continue
+            pos += len(line)
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+                out.invalid.append((f"line {k}", f"not JSON ({type(exc).__name__})"))
+                continue
+            out.add(row, version, f"line {k}")
+            if len(out.rows) + len(out.invalid) > max_rows:
+                raise _too_big(path, f"holds more than {max_rows:,} rows")
+    return out
 
 
 def _arrow_schema(version: str) -> Any:
@@ -157,27 +357,52 @@ def _arrow_schema(version: str) -> Any:
                      metadata={_META: json.dumps(_header(version)).encode()})
 
 
-def _read_parquet(path: Path, version: str) -> list[dict[str, Any]]:
+def _read_parquet(path: Path, version: str) -> _Read:
+    """The rows of a Parquet cache, one row group at a time, within the load limit as its
+    metadata declares it (rows, uncompressed bytes) before any is read."""
     import pyarrow.parquet as pq  # noqa: PLC0415
 
-    try:
-        schema = pq.read_schema(path)
-    except Exception as exc:  # noqa: BLE001 - ArrowInvalid, OSError: not a Parquet file
-        raise _Unusable(f"is not a readable Parquet file ({type(exc).__name__}: "
-                        f"{str(exc)[:80]})") from None
-    try:
-        meta = json.loads((schema.metadata or {}).get(_META, b"null"))
-    except ValueError:
-        meta = None
-    _check_header(meta, version)
-    want = _arrow_schema(version)
-    if [(f.name, f.type) for f in schema] != [(f.name, f.type) for f in want]:
-        raise _Unusable("has columns that are not this version's search rows")
-    try:
-        rows = pq.read_table(path, schema=want).to_pylist()
-    except Exception as exc:  # noqa: BLE001 - a damaged row group
-        raise _Unusable(f"is corrupted ({type(exc).__name__}: {str(exc)[:80]})") from None
-    return [_check_row(r, f"row {k}") for k, r in enumerate(rows)]
+    limit, max_rows = _load_limit()
+    out = _Read()
+    with _open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise _too_big(path, f"is {size:,} bytes")
+        try:
+            pf = pq.ParquetFile(f)
+            meta = pf.metadata
+            schema = pf.schema_arrow
+        except Exception as exc:  # noqa: BLE001 - ArrowInvalid, OSError: not a Parquet file
+            raise _Foreign(f"not a readable Parquet file: {type(exc).__name__}") from None
+        try:
+            header = json.loads((schema.metadata or {}).get(_META, b"null"))
+        except (ValueError, RecursionError):
+            header = None
+        _check_header(header, version)
+        want = _arrow_schema(version)
+        if [(x.name, x.type) for x in schema] != [(x.name, x.type) for x in want]:
+            raise _Foreign("columns that are not search rows")
+        if meta.num_rows > max_rows:
+            raise _too_big(path, f"declares {meta.num_rows:,} rows")
+        declared = sum(max(0, meta.row_group(g).column(c).total_uncompressed_size)
+                       for g in range(meta.num_row_groups) for c in range(meta.num_columns))
+        if declared > limit:
+            raise _too_big(path, f"declares {declared:,} bytes of rows")
+        held = 0
+        for g in range(meta.num_row_groups):
+            try:
+                table = pf.read_row_group(g)
+            except Exception as exc:  # noqa: BLE001 - a damaged row group, a lying page header
+                raise _Foreign(f"a damaged row group ({type(exc).__name__}: "
+                               f"{clean_text(str(exc), 80)})") from None
+            held += table.nbytes
+            if held > limit or len(out.rows) + len(out.invalid) + table.num_rows > max_rows:
+                raise _too_big(path, "holds more rows than its metadata declares")
+            rows = table.to_pylist()
+            del table
+            for k, row in enumerate(rows):
+                out.add(row, version, f"row {len(out.rows) + len(out.invalid) + k}")
+    return out
 
 
 class Cache:
@@ -186,12 +411,12 @@ class Cache:
     Attributes
     ----------
     path : pathlib.Path
-        The file in use (the given path, or a new file beside it).
+        The file in use (the given path resolved, or a new file beside it).
     format : {"parquet", "jsonl"}
     rows : dict of str to dict
         Row by key; the last row written for a key wins.
     notes : list of str
-        What happened on opening (a file set aside, a line cut off).
+        What happened on opening (a file set aside, a line cut off, rows dropped).
     """
 
     def __init__(self, path: Path, fmt: str, version: str, rows: Iterable[dict[str, Any]],
@@ -201,7 +426,7 @@ class Cache:
         self._dirty = False
         self._last = 0.0
         self._fh: Any = None
-        self._lock: _Lock | None = None
+        self._locks: list[_Lock] = []
 
     def lookup(self, key: str, measured: Iterable[str], retry_errors: bool = False
                ) -> dict[str, Any] | None:
@@ -219,7 +444,8 @@ class Cache:
         self.rows[row["key"]] = row
         if self.format == "jsonl":
             if self._fh is None:
-                self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held open
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+                self._fh = os.fdopen(fd, "a", encoding="utf-8")
             self._fh.write(json.dumps(row, sort_keys=True, allow_nan=False) + "\n")
             self._fh.flush()
         else:
@@ -246,6 +472,12 @@ class Cache:
         self._dirty = False
         self._last = time.monotonic()
 
+    def _write_jsonl(self) -> None:
+        """The whole file again: the header and every row (dropping invalid ones)."""
+        lines = [json.dumps(_header(self.version))] + [
+            json.dumps(r, sort_keys=True, allow_nan=False) for r in self.rows.values()]
+        atomic_write(self.path, lambda f: f.write(("\n".join(lines) + "\n").encode()))
+
     def close(self) -> None:
         """Write everything, close the file and let another search have it."""
         try:
@@ -255,35 +487,38 @@ class Cache:
                 self._fh.close()
                 self._fh = None
         finally:
-            if self._lock is not None:
-                self._lock.release()
-                self._lock = None
+            while self._locks:
+                self._locks.pop().release()
 
 
 class _Lock:
     """An exclusive ``flock`` on ``PATH.lock``, taken without waiting.
 
-    The lock file holds the owner's process id (for the message a second search
-    gets) and is unlinked on release; a lock taken on a file that another
-    process unlinked meanwhile is dropped and taken again on the new file.
+    ``path`` is resolved already. The lock file is opened without following a
+    symbolic link and must be a regular file; it holds the owner's process id
+    (for the message a second search gets) and is unlinked on release; a lock
+    taken on a file that another process unlinked meanwhile is dropped and taken
+    again on the new file.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path.with_name(path.name + ".lock")
         self.fd: int | None = None
         for _ in range(100):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._open(path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
                 os.close(fd)
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise
-                raise ValueError(f"cache: {str(path)!r} is in use by another search"
+                    raise ValueError(f"cache: cannot lock {_shown(self.path)}: "
+                                     f"{exc.strerror or exc}") from None
+                raise ValueError(f"cache: {_shown(path)} is in use by another search"
                                  f"{_owner(self.path)}; wait for it to finish or give "
                                  "another path") from None
             try:
-                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+                st = os.stat(self.path, follow_symlinks=False)
+                same = st.st_ino == os.fstat(fd).st_ino and st.st_dev == os.fstat(fd).st_dev
             except FileNotFoundError:
                 same = False
             if same:
@@ -292,7 +527,24 @@ class _Lock:
                 self.fd = fd
                 return
             os.close(fd)  # unlinked by its last owner between our open and our lock
-        raise ValueError(f"cache: could not lock {str(self.path)!r}; give another path")
+        raise ValueError(f"cache: could not lock {_shown(self.path)}; give another path")
+
+    def _open(self, path: Path) -> int:
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ValueError(f"cache: the lock file {_shown(self.path)} of {_shown(path)} "
+                                 "is a symbolic link; remove it (the lock is never one)") from None
+            raise ValueError(f"cache: cannot lock {_shown(path)}: cannot open "
+                             f"{_shown(self.path)}: {exc.strerror or exc}") from None
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            raise ValueError(f"cache: the lock file {_shown(self.path)} of {_shown(path)} is "
+                             f"{_kind(mode)}; remove it")
+        return fd
 
     def __del__(self) -> None:  # a cache dropped without close() does not keep its lock
         self.release()
@@ -312,9 +564,15 @@ class _Lock:
 def _owner(lock: Path) -> str:
     """`` (process N)`` from the lock file's contents, or nothing."""
     try:
-        text = lock.read_text(encoding="ascii", errors="replace")[:20].strip()
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return ""
+    try:
+        text = os.read(fd, 20).decode("ascii", errors="replace").strip()
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
     return f" (process {text})" if text.isdigit() else ""
 
 
@@ -324,53 +582,77 @@ def open_cache(path: str | os.PathLike[str], version: str) -> Cache:
     Raises
     ------
     ValueError
-        An unknown suffix, a missing directory, a path that is a directory, a
-        file above the load limit, a hundred unusable files beside it, or a
-        cache another search holds (its lock, ``PATH.lock``).
+        An unknown suffix, a missing directory, a path that is not a regular
+        file (a directory, a FIFO, a device), a file that is not a search cache,
+        a file above the load limit (bytes or rows), a hundred unusable files
+        beside it, or a cache another search holds (its lock, ``PATH.lock``).
     """
-    path = Path(os.fspath(path))
-    fmt = cache_format(path)
-    if not path.parent.is_dir():
-        raise ValueError(f"cache: directory {str(path.parent)!r} of {str(path)!r} does not exist")
-    lock = _Lock(path)
+    given = Path(os.fspath(path))
+    fmt = cache_format(given)
+    real = Path(os.path.realpath(given))
+    _exists(real)  # a FIFO or a device is refused before a lock file is made beside it
+    if SUFFIXES.get(real.suffix.lower()) != fmt:
+        raise ValueError(f"cache: {_shown(given)} is a link to {_shown(real)}, not a "
+                         f"{fmt} file; give the file's own path")
+    if not real.parent.is_dir():
+        raise ValueError(f"cache: directory {_shown(real.parent)} of {_shown(given)} does not "
+                         "exist")
+    locks = [_Lock(real)]
     try:
-        cache = _open(path, fmt, version)
+        cache = _open(real, fmt, version, locks)
     except BaseException:
-        lock.release()
+        while locks:
+            locks.pop().release()
         raise
-    cache._lock = lock
+    cache._locks = locks
     return cache
 
 
-def _open(path: Path, fmt: str, version: str) -> Cache:
-    """The cache at ``path`` or beside it (``open_cache`` without the lock)."""
+def _open(path: Path, fmt: str, version: str, locks: list[_Lock]) -> Cache:
+    """The cache at ``path`` or beside it (``open_cache`` after the lock of ``path``); the
+    lock of a file beside it is appended to ``locks`` (another search may name that file)."""
     notes: list[str] = []
     unusable: tuple[Path, str] | None = None
     for cand in _beside(path, version):
         if unusable is not None:
             old, why = unusable
-            notes.append(f"cache: {str(old)!r} {why}; it is kept as it is, and this search "
-                         f"writes {str(cand)!r}")
+            notes.append(f"cache: {_shown(old)} {why}; it is kept as it is, and this search "
+                         f"writes {_shown(cand)}")
             unusable = None
-        if cand.is_dir():
-            raise ValueError(f"cache: {str(cand)!r} is a directory; give a file path")
-        if not cand.exists():
+        if cand != path:
+            locks.append(_Lock(cand))
+        if not _exists(cand):
             return _create(cand, fmt, version, notes)
-        _limit_size(cand)
         try:
-            if fmt == "jsonl":
-                rows, cut = _read_jsonl(cand, version)
-            else:
-                rows, cut = _read_parquet(cand, version), None
+            read = _read_jsonl(cand, version) if fmt == "jsonl" else _read_parquet(cand, version)
         except _Unusable as exc:
             unusable = (cand, str(exc))
+            if cand != path:
+                locks.pop().release()
             continue
-        if cut is not None:
-            os.truncate(cand, cut)
-            notes.append(f"cache: {str(cand)!r} ended in an unfinished line (an interrupted "
+        except _Foreign as exc:
+            raise ValueError(f"cache: {_shown(cand)} is not a search cache ({exc}); it is left "
+                             "as it is: give another path") from None
+        if read is None:  # an empty file: nothing to lose
+            return _create(cand, fmt, version, notes)
+        cache = Cache(cand, fmt, version, read.rows, notes)
+        if read.cut is not None:
+            if not read.invalid:  # else rewritten below
+                os.truncate(cand, read.cut)
+            notes.append(f"cache: {_shown(cand)} ended in an unfinished line (an interrupted "
                          "write); it was cut off and its candidate is computed again")
-        return Cache(cand, fmt, version, rows, notes)
-    raise ValueError(f"cache: {str(path)!r} and {_MAX_BESIDE - 1} files beside it are not "
+        if read.invalid:
+            where, why = read.invalid[0]
+            more = len(read.invalid)
+            notes.append(f"cache: {_shown(cand)} holds {more} row{'s' * (more > 1)} that "
+                         f"{'are' if more > 1 else 'is'} not valid (first: {where}, {why}); "
+                         "never used, removed from the file and computed again")
+            if fmt == "jsonl":
+                cache._write_jsonl()
+            else:
+                cache._write_parquet()
+        return cache
+    raise ValueError(f"cache: {_shown(path)} and {_MAX_BESIDE - 1} files beside it are not "
                      "usable caches; give another path")
 
 
@@ -378,8 +660,7 @@ def _create(path: Path, fmt: str, version: str, notes: list[str]) -> Cache:
     """A new, empty cache file at ``path`` (its header written atomically)."""
     cache = Cache(path, fmt, version, [], notes)
     if fmt == "jsonl":
-        line = json.dumps(_header(version)) + "\n"
-        atomic_write(path, lambda f: f.write(line.encode()))
+        cache._write_jsonl()
     else:
         cache._write_parquet()
     return cache

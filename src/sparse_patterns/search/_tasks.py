@@ -26,14 +26,21 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import socket
 import time
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-__all__ = ["MEASURES", "COSTS", "FIELDS", "recipe_key", "run_candidate", "run_packed", "unpack_row",
-           "normalize_measures", "kernel_mode"]
+__all__ = ["MEASURES", "COSTS", "FIELDS", "TEXT_LIMIT", "recipe_key", "recipe_of", "clean_text",
+           "run_candidate", "run_packed", "unpack_row", "normalize_measures", "kernel_mode"]
+
+#: Most characters of a row's free text (an error message, a worker's name) that a search
+#: keeps and prints: a message can quote a hostile value megabytes long.
+TEXT_LIMIT = 300
+#: Control characters (C0, DEL, C1) and the invisible marks that reorder text on a terminal.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
 
 #: What a candidate can measure: the exact verification, the plan's FLOPs, the kernel's time.
 MEASURES = ("verify", "flops", "time")
@@ -122,9 +129,37 @@ def recipe_key(recipe: Mapping[str, Any], version: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
+def recipe_of(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The recipe a row says it computed (its ``key`` must be :func:`recipe_key` of it).
+
+    Examples
+    --------
+    >>> r = {"family": "strided", "params": {"stride": 4}, "n": 16, "mode": "interleaved",
+    ...      "block": 4, "batch": 1, "heads": 2, "head_dim": 8, "depth": None}
+    >>> recipe_of(_blank(r, "0.1.0", ("verify",))) == r
+    True
+    """
+    depth = {"none": None, "true": True, "false": False}[row["depth_search"]]
+    return {"family": row["family"], "params": json.loads(row["params"]), "n": row["n"],
+            "mode": row["mode"], "block": row["block"], "batch": row["batch"],
+            "heads": row["heads"], "head_dim": row["head_dim"], "depth": depth}
+
+
+def clean_text(text: str, limit: int = TEXT_LIMIT) -> str:
+    """``text`` fit to print: control characters made spaces, cut to ``limit`` characters.
+
+    Examples
+    --------
+    >>> clean_text("a\\x1b[31mb\\nc"), clean_text("9" * 500, 8)
+    ('a [31mb c', '99999999... (500 characters)')
+    """
+    head = _CONTROL.sub(" ", text[: limit + 1])
+    return head if len(text) <= limit else f"{head[:limit]}... ({len(text):,} characters)"
+
+
 def _first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
+    return clean_text(lines[0]) if lines else type(exc).__name__
 
 
 def _worker_memory_limit() -> int | None:
