@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import stat
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -43,6 +44,8 @@ __all__ = [
 
 #: Largest sequence length: ``_validate.MAX_N``, which imports NumPy (a test checks they agree).
 MAX_N = 2**31 - 1
+#: Most values a list option takes: sequence lengths (``--n``, ``--ns``), pattern names.
+MAX_NS = 64
 
 
 class _Lazy:
@@ -311,6 +314,60 @@ def parse_params(name: str | Sequence[str], args: Sequence[str]) -> dict[str, st
     return out
 
 
+def _kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def regular_file(what: str, path: str) -> int:
+    """The size of ``path`` if it is a regular file (after symlinks), else a one-line error.
+
+    Checked before opening: opening a FIFO blocks until a writer comes, and
+    ``/dev/zero`` never ends.
+
+    Examples
+    --------
+    >>> regular_file("schedule", "/dev/null")
+    Traceback (most recent call last):
+    ...
+    sparse_patterns.cli._args.UsageError: schedule: '/dev/null' is a character device, not a regular file
+    """
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else first_line(exc)
+        raise UsageError(f"{what}: cannot read {shown(path)}: {why}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"{what}: {shown(path)} is {_kind(st.st_mode)}, not a regular file")
+    return st.st_size
+
+
+def read_regular(what: str, path: str, limit: int, why: str) -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them, else one line.
+
+    The file is opened without blocking and checked again once open (it may
+    have been replaced by a FIFO since :func:`regular_file` looked).
+    """
+    if regular_file(what, path) > limit:
+        raise UsageError(f"{what}: {shown(path)} is over {limit:,} bytes, {why}")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise UsageError(f"{what}: {shown(path)} is not a regular file")
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise UsageError(f"{what}: cannot read {shown(path)}: "
+                         f"{exc.strerror or first_line(exc)}") from None
+    if len(data) > limit:
+        raise UsageError(f"{what}: {shown(path)} is over {limit:,} bytes, {why}")
+    return data
+
+
 def _check_name(name: str) -> None:
     if name.startswith("-"):
         raise UsageError(f"name: expected a pattern name first, got the option {shown(name)}; "
@@ -329,6 +386,7 @@ def pattern_from_args(name: str | None, n: int | None, args: Sequence[str],
             raise UsageError("file: give either a pattern name with its options or --file, not both")
         from ..export import load  # noqa: PLC0415
 
+        regular_file("file", file)
         try:
             pat = load(file)
             if documents is None:
@@ -351,7 +409,7 @@ def pattern_from_args(name: str | None, n: int | None, args: Sequence[str],
 
 
 def parse_ns(text: str) -> list[int]:
-    """Parse ``--n 1024,4096`` into a list of ints, each in ``[1, MAX_N]``.
+    """Parse ``--n 1024,4096`` into a list of ints, each in ``[1, MAX_N]``, at most ``MAX_NS``.
 
     Examples
     --------
@@ -359,12 +417,15 @@ def parse_ns(text: str) -> list[int]:
     [1024, 4096]
     """
     expected = f"n: expected comma-separated integers [1, {MAX_N}], got {shown(text)}"
+    parts = [part for part in text.split(",") if part.strip()]
+    if len(parts) > MAX_NS:
+        raise UsageError(f"n: {len(parts):,} sequence lengths; at most {MAX_NS} (each one is "
+                         "a full run of the command)")
     out = []
-    for part in text.split(","):
-        if part.strip():
-            if re.fullmatch(r"\s*[+-]?[0-9]{1,4000}\s*", part, re.ASCII) is None:
-                raise UsageError(expected)
-            out.append(parse_int("n", part, 1, MAX_N))
+    for part in parts:
+        if re.fullmatch(r"\s*[+-]?[0-9]{1,4000}\s*", part, re.ASCII) is None:
+            raise UsageError(expected)
+        out.append(parse_int("n", part, 1, MAX_N))
     if not out:
         raise UsageError(f"n: expected at least one integer [1, {MAX_N}], got {shown(text)}")
     return out
@@ -418,8 +479,10 @@ def split_names(ctx_args: list[str], n: str | None,
     names, rest = ctx_args[:k], ctx_args[k:]
     if not names:
         raise UsageError(f"patterns: name at least one pattern ({', '.join(sorted(registry.REGISTRY))})")
-    for name in names:
+    for k, name in enumerate(names):
         registry.get(name)
+        if name in names[:k]:
+            raise UsageError(f"patterns: {shown(name)} named twice; name each pattern once")
     if n is None:
         raise UsageError(f"n: --n is required (comma-separated integers >= 1, e.g. {example})")
     return names, rest, parse_ns(n)
@@ -434,6 +497,16 @@ def parse_list(text: str) -> list[str]:
 #: Largest ``--schedule`` JSON file read (bytes).
 MAX_SCHEDULE_FILE = 1 << 20
 
+#: Most layers a ``--schedule`` may have.
+MAX_LAYERS = 256
+
+#: Layer parameters a schedule may not give: the command sets them for every layer.
+_SET_ELSEWHERE = {
+    "n": "every layer is made at --n",
+    "documents": "every layer is made inside the --documents of the command",
+    "name": "a layer's pattern is the NAME before its parameters",
+}
+
 
 def _schedule_items(text: str) -> list[tuple[str, dict[str, Any]]]:
     """``--schedule``: ``(name, params)`` per layer, from the text or from a ``.json`` file."""
@@ -441,17 +514,7 @@ def _schedule_items(text: str) -> list[tuple[str, dict[str, Any]]]:
         import json  # noqa: PLC0415
 
         path = text.strip()
-        try:
-            size = os.stat(path).st_size
-            if size <= MAX_SCHEDULE_FILE:
-                with open(path, "rb") as f:
-                    data = f.read(MAX_SCHEDULE_FILE + 1)
-        except OSError as exc:
-            raise UsageError(f"schedule: cannot read {shown(path)}: "
-                             f"{exc.strerror or first_line(exc)}") from None
-        if size > MAX_SCHEDULE_FILE or len(data) > MAX_SCHEDULE_FILE:
-            raise UsageError(f"schedule: {shown(path)} is over {MAX_SCHEDULE_FILE:,} bytes, the "
-                             "most a schedule file may be")
+        data = read_regular("schedule", path, MAX_SCHEDULE_FILE, "the most a schedule file may be")
         try:
             items = json.loads(data.decode("utf-8"))
         except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
@@ -502,10 +565,17 @@ def parse_schedule(text: str, n: int, documents: list[int] | None = None) -> lis
     items = _schedule_items(text)
     if not items:
         raise UsageError(f"schedule: needs at least one layer, got {shown(text)}")
+    if len(items) > MAX_LAYERS:
+        raise UsageError(f"schedule: {len(items):,} layers; at most {MAX_LAYERS} (the exact "
+                         "check's work per output grows with the cube of the layer count)")
     out = []
     for k, (name, params) in enumerate(items):
         if not name:
             raise UsageError(f"schedule: layer {k + 1} has no pattern name in {shown(text)}")
+        for key, why in _SET_ELSEWHERE.items():
+            if key in params:
+                raise UsageError(f"schedule: layer {k + 1} ({shown(name)}) gives {key}="
+                                 f"{shown(params[key])}; {why}")
         try:
             out.append(registry.make(name, n, **params) if documents is None
                        else registry.make(name, n, documents=documents, **params))

@@ -1,0 +1,118 @@
+"""Bad input a hostile user found, each one line on stderr with the right exit status:
+parameters a schedule's layer may not set, paths that are not regular files, lists
+past their cap, a closed stdout, and Ctrl-C wherever it lands (issue 54, 6-8)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sparse_patterns.cli import app
+from sparse_patterns.cli._args import MAX_LAYERS, MAX_NS
+
+runner = CliRunner()
+#: The ``patterns`` console script of this interpreter, or the same entry point through -c.
+_SCRIPT = Path(sys.executable).with_name("patterns")
+PATTERNS = [str(_SCRIPT)] if _SCRIPT.exists() else [
+    sys.executable, "-c", "from sparse_patterns.cli import main; main()"]
+
+
+def one_line(res, code: int) -> str:
+    """The single error line of a CliRunner result that exited with ``code``."""
+    assert res.exit_code == code, (res.exit_code, res.output)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.output, res.output
+    return lines[0]
+
+
+# --------------------------------------------------------- A: a layer's n, name, documents
+@pytest.mark.parametrize(("schedule", "extra", "line"), [
+    ("local:n=5", [], "error: schedule: layer 1 ('local') gives n='5'; every layer is made at --n"),
+    ("full,local:name=x", [], "error: schedule: layer 2 ('local') gives name='x'; a layer's "
+                              "pattern is the NAME before its parameters"),
+    ("local:documents=4", ["--documents", "8,8"],
+     "error: schedule: layer 1 ('local') gives documents='4'; every layer is made inside the "
+     "--documents of the command"),
+    ("local:documents=4", [], "error: schedule: layer 1 ('local') gives documents='4'; every "
+                              "layer is made inside the --documents of the command"),
+])
+def test_schedule_layer_cannot_set_what_the_command_sets(schedule, extra, line):
+    res = runner.invoke(app, ["verify", "--schedule", schedule, "--n", "16", *extra])
+    assert one_line(res, 2) == line
+
+
+def test_schedule_file_cannot_set_n(tmp_path):
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps([{"pattern": "local", "params": {"window": 2}},
+                             {"pattern": "full", "params": {"n": 4}}]))
+    res = runner.invoke(app, ["verify", "--schedule", str(f), "--n", "16"])
+    assert one_line(res, 2) == ("error: schedule: layer 2 ('full') gives n=4; every layer is "
+                                "made at --n")
+    res = runner.invoke(app, ["render", "--schedule", "local:n=4", "--n", "16", "-o",
+                              str(tmp_path / "s.png")])
+    assert "gives n='4'" in one_line(res, 2) and not list(tmp_path.glob("*.png"))
+
+
+def test_schedule_of_too_many_layers_is_one_line():
+    res = runner.invoke(app, ["verify", "--schedule", ",".join(["local:window=1"] * 500),
+                              "--n", "16"])
+    assert one_line(res, 2).startswith(f"error: schedule: 500 layers; at most {MAX_LAYERS} ")
+
+
+# ---------------------------------------------------------------- B: not a regular file
+def _fifo(tmp_path: Path, name: str) -> str:
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs here")
+    path = str(tmp_path / name)
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("cmd", [["verify", "--n", "16", "--schedule"], ["show", "--file"],
+                                 ["verify", "--file"], ["export", "-o", "x.npz", "--file"]])
+def test_fifo_is_refused_before_opening(tmp_path, cmd):
+    what = "schedule" if "--schedule" in cmd else "file"
+    _fifo(tmp_path, "s.json")
+    path = "s.json"
+    # a FIFO opened for reading blocks until a writer comes: a hang here is the bug
+    proc = subprocess.run([*PATTERNS, *cmd, path],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"error: {what}: {path!r} is a FIFO, not a regular file"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero")
+def test_device_and_directory_are_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("z.json").symlink_to("/dev/zero")
+    res = runner.invoke(app, ["verify", "--schedule", "z.json", "--n", "16"])
+    assert one_line(res, 2) == "error: schedule: 'z.json' is a character device, not a regular file"
+    res = runner.invoke(app, ["show", "--file", "/dev/zero"])
+    assert one_line(res, 2) == "error: file: '/dev/zero' is a character device, not a regular file"
+    Path("d.json").mkdir()
+    res = runner.invoke(app, ["show", "--file", "d.json"])
+    assert one_line(res, 2) == "error: file: 'd.json' is a directory, not a regular file"
+
+
+# ------------------------------------------------------------------- E: lists are capped
+@pytest.mark.parametrize("argv", [
+    ["profile", "strided", "--n"], ["analyze", "strided", "--n"],
+    ["render", "strided", "--view", "scaling", "-o", "x.png", "--ns"],
+])
+def test_list_of_sequence_lengths_is_capped(argv, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, [*argv, ",".join(str(k) for k in range(1, 2001))])
+    assert one_line(res, 2) == (f"error: n: 2,000 sequence lengths; at most {MAX_NS} (each one "
+                                "is a full run of the command)")
+    assert not list(tmp_path.iterdir())
+
+
+def test_pattern_named_twice_is_refused():
+    res = runner.invoke(app, ["profile", "strided", "fixed", "strided", "--n", "16"])
+    assert one_line(res, 2) == "error: patterns: 'strided' named twice; name each pattern once"
