@@ -116,3 +116,28 @@ def test_list_of_sequence_lengths_is_capped(argv, tmp_path, monkeypatch):
 def test_pattern_named_twice_is_refused():
     res = runner.invoke(app, ["profile", "strided", "fixed", "strided", "--n", "16"])
     assert one_line(res, 2) == "error: patterns: 'strided' named twice; name each pattern once"
+
+
+# ---------------------------------------------------------------- G: a closed stdout
+@pytest.mark.parametrize("argv", [["verify", "strided", "--n", "64", "--stride", "8"],
+                                  ["show", "strided", "--n", "64", "--stride", "8"],
+                                  ["list"], ["analyze", "strided", "--n", "64,128"]])
+def test_closed_stdout_is_one_line_and_exit_2(argv, tmp_path):
+    # fd 1 closed in the child, as `patterns ... >&-` does: Python starts with sys.stdout None
+    proc = subprocess.run([*PATTERNS, *argv], stderr=subprocess.PIPE, text=True, timeout=120,
+                          cwd=tmp_path, preexec_fn=lambda: os.close(1))
+    assert proc.returncode == 2
+    assert proc.stderr == ("error: stdout: standard output is closed; send it somewhere "
+                           "(> FILE, > /dev/null or | less)\n")
+
+
+@pytest.mark.parametrize("argv", [["list"], ["list", "--json"],
+                                  ["verify", "strided", "--n", "64", "--stride", "8"]])
+def test_reader_gone_stays_quiet(argv, tmp_path):
+    # as `patterns ... | head` when head has gone: the pipe's reader is closed before the
+    # command writes; no line on stderr (the exit status is typer's 1)
+    proc = subprocess.Popen([*PATTERNS, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=tmp_path)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 1 and err == b""

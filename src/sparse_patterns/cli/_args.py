@@ -14,6 +14,7 @@ Nothing here imports NumPy: ``patterns --help`` and ``patterns list`` stay fast.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import re
@@ -174,7 +175,26 @@ def _debugging() -> bool:
 
 
 def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    if sys.stderr is not None:  # closed (2>&-): print(file=None) would write to stdout
+        print(line, file=sys.stderr, flush=True)
+
+
+def stdout_closed() -> bool:
+    """Whether standard output is closed (``>&-``): Python starts with ``sys.stdout`` None,
+    or its descriptor was closed since (EBADF). A stream with no descriptor (a test's
+    capture) and a pipe whose reader has gone are open."""
+    out = sys.stdout
+    if out is None or getattr(out, "closed", False):
+        return True
+    try:
+        fd = out.fileno()
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation: no descriptor
+        return False
+    try:
+        os.fstat(fd)
+    except OSError as exc:
+        return exc.errno == errno.EBADF
+    return False
 
 
 #: Exceptions only bad input can cause in this package: exit status 2.
@@ -232,6 +252,9 @@ class Group(_Once, TyperGroup):
             return super().main(*args, standalone_mode=False, **kwargs)
         token = _debug.set(False)
         try:
+            if stdout_closed():  # the output would be lost and the exit status say success
+                raise UsageError("stdout: standard output is closed; send it somewhere "
+                                 "(> FILE, > /dev/null or | less)")
             rv = super().main(*args, standalone_mode=False, **kwargs)
             code = rv if isinstance(rv, int) else 0  # typer.Exit(k) comes back as k
         except KeyboardInterrupt:
