@@ -141,3 +141,68 @@ def test_reader_gone_stays_quiet(argv, tmp_path):
     proc.stdout.close()
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 1 and err == b""
+
+
+# ------------------------------------------------------------------- H: Ctrl-C anywhere
+def _swallowed_then(error: BaseException):
+    """A library call that Ctrl-C interrupts inside a ctypes callback (where Python prints the
+    KeyboardInterrupt as "Exception ignored" and drops it, as during llvmlite's compile), and
+    that then fails with ``error``."""
+    import ctypes
+
+    def callback() -> None:
+        raise KeyboardInterrupt
+
+    def call(*args, **kwargs):
+        ctypes.CFUNCTYPE(None)(callback)()
+        raise error
+
+    return call
+
+
+@pytest.mark.parametrize("error", [RuntimeError("no compiled object yet"), ValueError("x")])
+def test_interrupt_dropped_in_a_callback_exits_130(monkeypatch, error):
+    import signal
+
+    from sparse_patterns.patterns import registry
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("the test runner has its own SIGINT handler")
+    monkeypatch.setattr(registry, "make", _swallowed_then(error))
+    res = runner.invoke(app, ["show", "strided", "--n", "16"])
+    assert res.exit_code == 130 and res.stderr == "interrupted\n", res.output
+    assert sys.unraisablehook is not sys.__unraisablehook__  # the collector stays quiet
+    sys.unraisablehook = sys.__unraisablehook__
+
+
+def test_interrupt_chained_in_an_error_exits_130(monkeypatch):
+    from sparse_patterns.patterns import registry
+
+    def make(*args, **kwargs):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise RuntimeError("no compiled object yet") from exc
+
+    monkeypatch.setattr(registry, "make", make)
+    res = runner.invoke(app, ["show", "strided", "--n", "16"])
+    assert res.exit_code == 130 and res.stderr == "interrupted\n", res.output
+
+
+@pytest.mark.parametrize("delay", [1.5, 3.0])
+def test_ctrl_c_during_the_first_compilation_exits_130(tmp_path, delay):
+    # an empty numba cache: verify compiles its kernels first (several seconds)
+    import signal
+
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.Popen([*PATTERNS, "verify", "strided", "--n", "1024", "--stride", "32"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=tmp_path, preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                           signal.SIG_DFL))
+    try:
+        proc.wait(timeout=delay)
+        pytest.skip("verify ended before the interrupt")
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1]
+    assert (proc.returncode, err) == (130, "interrupted\n")

@@ -5,7 +5,8 @@ data, and prints it (the result's ``table()``, or JSON with ``--json``). Bad
 input (a bad or repeated option, a size that does not fit, a malformed file) is
 one line on stderr and exit status 2; a pattern that fails verification exits
 1; so does a bug, with one line pointing to ``patterns --debug``, which prints
-the traceback. Ctrl-C exits 130.
+the traceback. Ctrl-C exits 130 with the line "interrupted", wherever it lands (numba's
+first compilation included). A closed stdout is an error line and exit status 2.
 
 The package: :mod:`._app` (the typer app, its consoles, the options every command
 shares, :func:`._app.cli_command`), :mod:`._args` (option parsing), and one module
@@ -53,5 +54,7 @@ def main() -> None:
         if _STARTING:
             signal.signal(signal.SIGINT, signal.default_int_handler)
         app()
-    except KeyboardInterrupt:  # outside a command (typer turns those into 130 itself)
+    except KeyboardInterrupt:  # outside a command (Group.main turns those into 130 itself)
+        if sys.stderr is not None:
+            print("interrupted", file=sys.stderr, flush=True)
         sys.exit(130)

@@ -208,7 +208,8 @@ _EXTRAS = {"torch": "torch", "safetensors": "files", "dask": "search", "distribu
 
 
 def report(exc: BaseException, instead: str | None = None) -> int:
-    """Print ``exc`` as one line on stderr; return the exit status (2: bad input, 1: a bug).
+    """Print ``exc`` as one line on stderr; return the exit status (2: bad input, 1: a bug,
+    130 without a line: what a Ctrl-C during this invocation broke).
 
     ``instead`` says what the command can do instead when a size does not fit
     in memory. With ``--debug`` the traceback comes first.
@@ -216,6 +217,8 @@ def report(exc: BaseException, instead: str | None = None) -> int:
     debugging = _debugging()
     if debugging:
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    if interrupted(exc):  # whatever Ctrl-C broke on its way (Group.main says "interrupted")
+        return 130
     msg = first_line(exc)
     extra = _EXTRAS.get((getattr(exc, "name", None) or "").split(".")[0])
     if isinstance(exc, ModuleNotFoundError) and extra is not None:  # an optional dependency
@@ -238,6 +241,84 @@ def report(exc: BaseException, instead: str | None = None) -> int:
     return 2
 
 
+class _Interrupts:
+    """Ctrl-C during a command, wherever it lands: the command ends with exit status 130.
+
+    Python raises ``KeyboardInterrupt`` at the next bytecode, which during numba's first
+    compilation is often a ctypes callback of llvmlite: there the exception is printed as
+    "Exception ignored" and dropped, and the compilation fails later with an unrelated
+    error (``RuntimeError: no compiled object yet``) or even succeeds. So the handler
+    records the interrupt; an interrupt dropped in a callback is delivered again from a
+    timer thread, to land where it stops the command; and once interrupted, whatever ends
+    the command, and what half-built objects print when collected, is only "interrupted".
+    """
+
+    def __init__(self) -> None:
+        self.hit = False
+        self._saved: tuple[Any, Any] | None = None
+        self._timer: Any = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.hit = True
+        raise KeyboardInterrupt
+
+    def _unraisable(self, unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            self.hit = True
+            if not sys.is_finalizing():
+                import _thread  # noqa: PLC0415
+                import threading  # noqa: PLC0415
+
+                self._timer = threading.Timer(0.05, _thread.interrupt_main)
+                self._timer.daemon = True
+                try:
+                    self._timer.start()
+                except RuntimeError:  # no new thread at interpreter shutdown
+                    pass
+        elif not self.hit and self._saved is not None:
+            self._saved[1](unraisable)
+
+    def __enter__(self) -> _Interrupts:
+        import signal  # noqa: PLC0415
+        import threading  # noqa: PLC0415
+
+        # only where Python's own handler is in place (not a host's), from the main thread
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            self._saved = (signal.signal(signal.SIGINT, self._handler), sys.unraisablehook)
+            sys.unraisablehook = self._unraisable
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal  # noqa: PLC0415
+
+        if self._timer is not None:  # the command has ended: nothing more to deliver
+            self._timer.cancel()
+        if self._saved is not None:
+            signal.signal(signal.SIGINT, self._saved[0])
+            if not self.hit:  # interrupted: half-built objects may still print when collected
+                sys.unraisablehook = self._saved[1]
+
+
+#: The interrupts of the invocation under way (None outside one).
+_interrupts: ContextVar[_Interrupts | None] = ContextVar("sparse_patterns_interrupts", default=None)
+
+
+def interrupted(exc: BaseException | None = None) -> bool:
+    """Whether Ctrl-C arrived during this invocation, or ``exc`` came of one (a
+    ``KeyboardInterrupt`` in its ``__cause__`` or ``__context__`` chain)."""
+    state = _interrupts.get()
+    if state is not None and state.hit:
+        return True
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 class Group(_Once, TyperGroup):
     """The ``patterns`` app: every error ends as one line on stderr and an exit status.
 
@@ -251,11 +332,14 @@ class Group(_Once, TyperGroup):
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
         token = _debug.set(False)
+        state = _Interrupts()
+        itoken = _interrupts.set(state)
         try:
-            if stdout_closed():  # the output would be lost and the exit status say success
-                raise UsageError("stdout: standard output is closed; send it somewhere "
-                                 "(> FILE, > /dev/null or | less)")
-            rv = super().main(*args, standalone_mode=False, **kwargs)
+            with state:
+                if stdout_closed():  # the output would be lost and the exit status say success
+                    raise UsageError("stdout: standard output is closed; send it somewhere "
+                                     "(> FILE, > /dev/null or | less)")
+                rv = super().main(*args, standalone_mode=False, **kwargs)
             code = rv if isinstance(rv, int) else 0  # typer.Exit(k) comes back as k
         except KeyboardInterrupt:
             code = 130
@@ -273,6 +357,10 @@ class Group(_Once, TyperGroup):
             code = report(exc)
         finally:
             _debug.reset(token)
+            _interrupts.reset(itoken)
+        if code == 130 or state.hit:  # typer turns KeyboardInterrupt into 130; report() too
+            code = 130
+            _say("interrupted")
         sys.exit(code)
 
 
