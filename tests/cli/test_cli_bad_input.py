@@ -206,3 +206,19 @@ def test_ctrl_c_during_the_first_compilation_exits_130(tmp_path, delay):
         proc.send_signal(signal.SIGINT)
     err = proc.communicate(timeout=60)[1]
     assert (proc.returncode, err) == (130, "interrupted\n")
+
+
+# ------------------------------------------------- F: save writes only what load reads
+def test_recipe_save_and_load_agree_on_the_size(tmp_path):
+    from sparse_patterns import make
+    from sparse_patterns.export import load, save
+    from sparse_patterns.export._codec import MAX_META
+
+    fits = make("local", 400_000, window=1, documents=[2] * 200_000)
+    f = save(fits, tmp_path / "fits.json")  # indented it would be 1.8 MB: written compact
+    assert f.stat().st_size <= MAX_META and load(f) == fits
+    big = make("local", 1_200_000, window=1, documents=[2] * 600_000)
+    with pytest.raises(ValueError, match=r"^pattern: its recipe is 1,200,093 bytes of JSON, over "
+                                         r"the 1,048,576 a recipe may hold \(reading refuses"):
+        save(big, tmp_path / "big.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fits.json"]

@@ -41,7 +41,8 @@ def to_recipe(pattern: Pattern) -> dict[str, Any]:
     ------
     ValueError
         The pattern is not a registered family with its generator's params
-        (``"custom"``, imported layouts, ...): save it as .npz or .safetensors.
+        (``"custom"``, imported layouts, ...), or its recipe is over the
+        ``MAX_META`` bytes a reader takes: save it as .npz or .safetensors.
 
     Examples
     --------
@@ -59,7 +60,17 @@ def to_recipe(pattern: Pattern) -> dict[str, Any]:
             "file whose name and params do not regenerate its heads loads as 'custom'); "
             "save it as .npz or .safetensors"
         )
-    return {**expr, "version": FORMAT_VERSION}
+    recipe = {**expr, "version": FORMAT_VERSION}
+    _check_size(len(json.dumps(recipe, separators=(",", ":"))))
+    return recipe
+
+
+def _check_size(size: int) -> None:
+    """A recipe that reading would refuse (over ``MAX_META`` bytes) is refused before writing."""
+    if size > MAX_META:
+        raise ValueError(f"pattern: its recipe is {size:,} bytes of JSON, over the {MAX_META:,} "
+                         "a recipe may hold (reading refuses larger); save it as .npz or "
+                         ".safetensors")
 
 
 def from_recipe(recipe: Any, *, where: str = "recipe") -> Pattern:
@@ -119,8 +130,9 @@ def from_recipe(recipe: Any, *, where: str = "recipe") -> Pattern:
 def write(pattern: Pattern, path: str | os.PathLike) -> Path:
     """Write the recipe of ``pattern`` to ``path`` as JSON (atomically).
 
-    The recipe is checked first: a pattern without one raises before any
-    file is created.
+    The recipe is checked first: a pattern without one, or one over the
+    ``MAX_META`` bytes :func:`read` takes, raises before any file is created.
+    It is indented, or compact when indenting would pass that size.
 
     Examples
     --------
@@ -135,6 +147,9 @@ def write(pattern: Pattern, path: str | os.PathLike) -> Path:
     recipe = to_recipe(pattern)  # fail before creating anything
     recipe["generator"] = f"sparse-patterns {__version__}"
     data = (json.dumps(recipe, indent=2) + "\n").encode()
+    if len(data) > MAX_META:  # indented, a long list of documents takes a line per item
+        data = (json.dumps(recipe, separators=(",", ":")) + "\n").encode()
+    _check_size(len(data))
     return atomic_write(path, lambda f: f.write(data))
 
 
