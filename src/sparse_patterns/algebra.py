@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from .patterns._flex import Rule
 
 __all__ = [
-    "OPS", "MAX_DEPTH", "MAX_NODES", "ExpressionRule", "combine", "expression_recipe",
+    "OPS", "MAX_DEPTH", "MAX_NODES", "MAX_NAME", "ExpressionRule", "combine", "expression_recipe",
     "from_expression", "expression_flex",
 ]
 
@@ -55,8 +55,12 @@ __all__ = [
 OPS: tuple[str, ...] = ("|", "&", "-", "+")
 #: Deepest nesting of operators, in a pattern or a recipe.
 MAX_DEPTH = 32
-#: Most nodes (operators and families) a recipe may hold.
+#: Most nodes (operators and families, counted with repetition) a recipe or an expression may
+#: hold: ``x = x - x`` twenty times doubles its tree each time (2**21 nodes), and its name,
+#: params and rows walk the whole tree.
 MAX_NODES = 256
+#: Longest name (characters) of a pattern the operators make.
+MAX_NAME = 1 << 16
 _PREC = {"|": 1, "&": 2, "-": 3, "+": 3}  # Python's: | below & below + and -
 _FLAT = ("|", "&", "+")  # associative: nested nodes of the same op are flattened
 
@@ -65,12 +69,15 @@ _FLAT = ("|", "&", "+")  # associative: nested nodes of the same op are flattene
 class ExpressionRule(PatternRule):
     """The rule of a pattern made by :func:`combine`: the operator and its operands.
 
-    ``depth`` is the nesting of operators (1 for ``a | b`` of two families).
+    ``depth`` is the nesting of operators (1 for ``a | b`` of two families), ``nodes``
+    the size of its tree with every repeated subexpression counted each time it occurs
+    (3 for ``a | b``).
     """
 
     op: str = "+"
     operands: tuple[Pattern, ...] = ()
     depth: int = 1
+    nodes: int = 3
 
 
 # ------------------------------------------------------------------- set operations
@@ -190,8 +197,9 @@ def combine(op: str, *patterns: Pattern) -> Pattern:
         An operand that is not a :class:`~sparse_patterns.pattern.Pattern`.
     ValueError
         An unknown ``op``, a wrong number of operands, operands of different
-        ``n`` or (``|``, ``&``, ``-``) head counts, or nesting deeper than
-        :data:`MAX_DEPTH`.
+        ``n`` or (``|``, ``&``, ``-``) head counts, nesting deeper than
+        :data:`MAX_DEPTH`, more than :data:`MAX_NODES` nodes counted with
+        repetition, or a name over :data:`MAX_NAME` characters.
 
     Examples
     --------
@@ -213,6 +221,16 @@ def combine(op: str, *patterns: Pattern) -> Pattern:
     if depth > MAX_DEPTH:
         raise ValueError(f"patterns: the expression would nest {depth} operators deep; at most "
                          f"{MAX_DEPTH} (build its heads once and make a Pattern of them)")
+    nodes = 1 + sum(e.nodes if (e := _expr(x)) is not None else 1 for x in operands)
+    if nodes > MAX_NODES:  # before the name, params and head names, which walk the tree
+        raise ValueError(f"patterns: the expression would hold {nodes:,} nodes, a repeated "
+                         f"subexpression counted each time; at most {MAX_NODES} (build its "
+                         "heads once and make a Pattern of them)")
+    labels = [_label(x, op, k == 0) for k, x in enumerate(operands)]
+    chars = sum(map(len, labels)) + 3 * (len(labels) - 1)
+    if chars > MAX_NAME:
+        raise ValueError(f"patterns: the expression's name would be {chars:,} characters; at "
+                         f"most {MAX_NAME:,} (build its heads once and make a Pattern of them)")
     ops = tuple(operands)
     n = ops[0].n
     p = sum(x.num_heads for x in ops) if op == "+" else ops[0].num_heads
@@ -252,9 +270,9 @@ def combine(op: str, *patterns: Pattern) -> Pattern:
                                full=np.concatenate([b.full for b in bls]))
 
     rule = ExpressionRule(p, build, blocks=blocks, rows=rows, counts=counts, take=take, op=op,
-                          operands=ops, depth=depth)
+                          operands=ops, depth=depth, nodes=nodes)
     return Pattern.from_rule(
-        rule, n, name=f" {op} ".join(_label(x, op, k == 0) for k, x in enumerate(ops)),
+        rule, n, name=f" {op} ".join(labels),
         params={"op": op, "args": tuple(_node(x) for x in ops)}, causal=causal,
         head_names=_head_names(op, ops),
     )

@@ -222,3 +222,32 @@ def test_recipe_save_and_load_agree_on_the_size(tmp_path):
                                          r"the 1,048,576 a recipe may hold \(reading refuses"):
         save(big, tmp_path / "big.json")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fits.json"]
+
+
+# -------------------------------------- D: expressions bounded by their expanded size
+def test_repeated_subexpression_is_bounded_by_its_expanded_size():
+    from sparse_patterns import make
+    from sparse_patterns.algebra import MAX_NODES
+
+    x = make("local", 16, window=2)
+    sizes = []
+    with pytest.raises(ValueError, match=rf"^patterns: the expression would hold 511 nodes, a "
+                                         rf"repeated subexpression counted each time; at most "
+                                         rf"{MAX_NODES} "):
+        for _ in range(22):  # 2**22 nodes and a 38-million-character name, unbounded
+            x = x - x
+            sizes.append(x.rule.nodes)
+    assert sizes == [2 ** (k + 2) - 1 for k in range(7)] and len(x.name) < 2000
+    # what is admitted computes what the tree says: x - x is empty
+    assert x.rows(0, 16).nnz == 0
+
+
+def test_expression_name_is_bounded():
+    import scipy.sparse as sp
+
+    from sparse_patterns.algebra import MAX_NAME
+    from sparse_patterns.pattern import Pattern
+
+    a = Pattern([sp.eye(4, format="csr", dtype=bool)], name="a" * 40_000)
+    with pytest.raises(ValueError, match=rf"name would be 80,003 characters; at most {MAX_NAME:,}"):
+        a | a
