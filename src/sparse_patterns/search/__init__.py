@@ -19,7 +19,12 @@ go, and Ctrl-C fetches those finished before it), and a search run again
 after Ctrl-C, a killed worker or a lost scheduler computes only what the file
 does not hold. A candidate that fails (an invalid parameter combination, out
 of memory) is a row with its error; the search goes on. Tasks lost with a
-worker (``client.restart()``, a killed process) are submitted again.
+worker (``client.restart()``, a killed process) are submitted again. At most
+:data:`_IN_FLIGHT` tasks are out at a time, so a grid of 100,000 candidates
+schedules, resumes and stops (Ctrl-C) as promptly as a small one; a cluster
+left without a worker, or a scheduler that stops answering, ends the search
+with one line saying what is saved (:mod:`._cluster` checks the cluster it is
+given or starts).
 
 This subpackage imports dask, distributed and pandas (the ``search`` extra);
 ``import sparse_patterns`` does not. The subpackage is callable:
@@ -30,9 +35,7 @@ subpackage as soon as anything imports it, so the module itself must search).
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
-import re
 import sys
 import time
 import types
@@ -44,6 +47,8 @@ from .. import __version__
 from .._modes import MODES
 from .._validate import MAX_N, check_bool, check_choice, check_int
 from ._cache import open_cache
+from ._cluster import WORKER_ENV, check_not_bootstrapping, close_all
+from ._cluster import connect as _connect
 from ._grid import MAX_CANDIDATES, _families, _grid, _ints, _recipes
 from ._result import SearchResult
 from ._tasks import MEASURES, normalize_measures, recipe_key, run_packed, unpack_row
@@ -51,26 +56,10 @@ from ._tasks import MEASURES, normalize_measures, recipe_key, run_packed, unpack
 __all__ = ["search", "SearchResult", "SearchInterrupted", "MEASURES", "WORKER_ENV",
            "MAX_CANDIDATES"]
 
-#: Environment of the local cluster's worker processes: one thread each, for numba and BLAS.
-WORKER_ENV = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-              "MKL_NUM_THREADS": "1"}
 #: Seconds between two fetches of finished rows: those that finish meanwhile come in one
 #: gather. A fetch costs the client and the workers 1-2 ms of CPU; one a row was 8% of a grid
 #: of 48 candidates of 17 ms each on 2 cores. A row waits at most this long on its worker.
 _FETCH_EVERY = 0.2
-#: The scheduler of a local cluster: no dashboard, its HTTP endpoint (health checks) on a
-#: free port of 127.0.0.1, never on 8787.
-_NO_DASHBOARD = {"dashboard": False, "dashboard_address": "127.0.0.1:0"}
-#: dask settings of the local cluster. dask sets MALLOC_TRIM_THRESHOLD_ for its workers, which
-#: turns glibc's adaptive mmap threshold off: every large temporary of the plan is then a fresh
-#: mmap, and planning runs about 2x slower, so our workers keep the allocator's defaults. With
-#: no dashboard, the event loops' diagnostics (the workers' statistical profiler, every 10 ms;
-#: the loops' blocked-tick check, 20 ms; the servers' psutil monitor, 500 ms) only take CPU from
-#: the tasks: 30-60 ms of 1.1 s a grid of 48 candidates on 2 cores. The memory monitor stays.
-_LOCAL_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
-                 "distributed.worker.profile.enabled": False,
-                 "distributed.admin.tick.interval": "1s",
-                 "distributed.admin.system-monitor.interval": "5s"}
 #: Share of a local cluster's expected cost (:func:`_cost`) left to its shortest tasks, which
 #: form one dask task group: dask queues it (more than 2 x the threads) and hands its tasks to
 #: the workers one at a time as they run out, so that both finish within a short task of each
@@ -81,7 +70,13 @@ _LOCAL_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": N
 #: alternated, 3 runs): the workers' last tasks ended 2-6 ms apart (medians) against 29-46,
 #: and a grid's median wall time was 1-6% less; with 0.35, 0.567 s against 0.571.
 _QUEUED_TAIL = 0.1
-_ADDRESS = re.compile(r"^(?:(?:tcp|tls|ucx|ws|wss)://)?[\w.\-\[\]:]+:\d{1,5}$")
+#: Most tasks of a search submitted and not yet fetched: the rest wait here, in order
+#: (longest first), and go out in chunks as these finish. 100,000 futures at once kept the
+#: client's and the scheduler's loops busy for minutes (as_completed, cancel); a bounded
+#: number keeps each round trip, Ctrl-C and a lost worker's resubmission short.
+_IN_FLIGHT = 2000
+#: Seconds between two checks, while no row comes, that the cluster still has a worker.
+_CHECK_EVERY = 1.0
 
 
 class SearchInterrupted(KeyboardInterrupt):
@@ -94,88 +89,7 @@ class SearchInterrupted(KeyboardInterrupt):
         self.saved, self.total, self.cache = saved, total, cache
 
 
-# ----------------------------------------------------------------------------- the cluster
-def _connect(client: Any, workers: int | None, timeout: float) -> tuple[Any, list[Any]]:
-    """``(client, what to close afterwards, in order)``: a new LocalCluster (and the
-    environment to put back after it), the given Client, or a Client of the given
-    scheduler address."""
-    from distributed import Client, LocalCluster  # noqa: PLC0415
-
-    if client is None:
-        import dask  # noqa: PLC0415
-
-        environ = _Environ()  # the nannies write their workers' variables into os.environ
-        nw = workers if workers is not None else max(1, os.cpu_count() or 1)
-        with dask.config.set(_LOCAL_CONFIG):
-            cluster = LocalCluster(n_workers=nw, threads_per_worker=1, processes=True,
-                                   dashboard_address=None, silence_logs=logging.ERROR,
-                                   env=WORKER_ENV, scheduler_kwargs=_NO_DASHBOARD)
-        try:
-            # rows come straight from the workers, not through the scheduler, which runs
-            # in this process and shares its cores with them
-            return (Client(cluster, set_as_default=False, direct_to_workers=True),
-                    [cluster, environ])
-        except BaseException:
-            cluster.close()
-            environ.close()
-            raise
-    if workers is not None:
-        raise ValueError("workers: sizes the local cluster; a given client or scheduler has "
-                         "its own workers")
-    if isinstance(client, Client):
-        _has_workers(client, str(client.scheduler.address), timeout)
-        return client, []
-    if not isinstance(client, str):
-        raise TypeError(f"client: expected None, a distributed.Client or a scheduler address "
-                        f"(tcp://HOST:PORT), got {type(client).__name__}")
-    if _ADDRESS.match(client.strip()) is None:
-        raise ValueError(f"client: not a scheduler address: {client!r:.60}; expected "
-                         "tcp://HOST:PORT (the port `dask scheduler` prints, 8786 by default)")
-    try:
-        connected = Client(client.strip(), timeout=timeout, set_as_default=False)
-    except (OSError, TimeoutError) as exc:
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConnectionError(f"scheduler: cannot reach {client.strip()!r} within {timeout:g} s "
-                              f"({msg})") from None
-    try:
-        _has_workers(connected, client.strip(), timeout)
-    except BaseException:
-        connected.close()
-        raise
-    return connected, []
-
-
-def _has_workers(client: Any, address: str, timeout: float) -> None:
-    """``ConnectionError`` unless the scheduler has a worker within ``timeout`` seconds."""
-    try:
-        client.wait_for_workers(1, timeout=timeout)
-    except (OSError, TimeoutError):
-        raise ConnectionError(f"scheduler: {address!r} has no workers after {timeout:g} s; start "
-                              f"some: dask worker {address}") from None
-
-
-class _Environ:
-    """``os.environ`` as it is now, put back by :meth:`close` (after the cluster closes)."""
-
-    def __init__(self) -> None:
-        self.saved = dict(os.environ)
-
-    def close(self) -> None:
-        for key in set(os.environ) - set(self.saved):
-            del os.environ[key]
-        for key, value in self.saved.items():
-            if os.environ.get(key) != value:
-                os.environ[key] = value
-
-
-def _close(client: Any, owned: list[Any], own_client: bool) -> None:
-    for thing in ([client] if own_client else []) + owned:
-        try:
-            thing.close()
-        except Exception:  # noqa: BLE001, S110 - closing what is already gone
-            pass
-
-
+# ----------------------------------------------------------------------------- the tasks
 def _lost_row(rec: Mapping[str, Any], measured: tuple[str, ...], why: str) -> dict[str, Any]:
     """The row of a candidate whose task never returned (its worker died, every retry):
     made here, without a worker, and never cached."""
@@ -188,13 +102,15 @@ def _lost_row(rec: Mapping[str, Any], measured: tuple[str, ...], why: str) -> di
 
 def _run(client: Any, todo: list[dict[str, Any]], cache: Any, measured: tuple[str, ...],
          task_kw: dict[str, Any], retries: int, done: Callable[[dict[str, Any]], None],
-         grouped: bool = True) -> None:
+         grouped: bool = True, timeout: float = 10.0) -> None:
     """Run ``todo`` on ``client``; hand each row to ``done`` (and ``cache``) as it arrives.
 
     ``grouped``: the tasks form one dask task group, ``search`` (a given cluster: dask's
     queuing, one progress bar on its dashboard); else a group each (the local cluster), but
     for the shortest ones (:data:`_QUEUED_TAIL` of the expected cost), which form one group
-    that dask queues."""
+    that dask queues. At most :data:`_IN_FLIGHT` tasks are submitted at a time (longest
+    first, topped up as they finish). ``ConnectionError`` when the cluster has had no worker
+    for ``timeout`` seconds, or the scheduler is lost."""
     from distributed import as_completed  # noqa: PLC0415
 
     futures: dict[Any, tuple[dict[str, Any], str]] = {}
@@ -218,19 +134,32 @@ def _run(client: Any, todo: list[dict[str, Any]], cache: Any, measured: tuple[st
             return key, f"search-{run}-{key[:12]}-{rec['family']}-{k}"
         return key, f"search_{key[:12]}-{run}-{rec['family']}-{k}"
 
-    def submit(recs: list[dict[str, Any]]) -> list[Any]:
-        # one graph for them all (one message to the scheduler, not one a task), longest
-        # first: the scheduler starts them in that order, so that no long task is left
-        # alone in the tail
+    def rank(recs: list[dict[str, Any]]) -> list[tuple[dict[str, Any], bool]]:
+        """``recs`` longest first, each with whether it goes to the queued tail: the
+        scheduler starts them in that order, so that no long task is left alone at the end."""
         ranked = sorted(((_cost(rec), i, rec) for i, rec in enumerate(recs)),
                         key=lambda x: (-x[0], x[1]))
-        recs = [rec for _, _, rec in ranked]
-        tail = 0 if grouped else _queued_tail([cost for cost, _, _ in ranked])
-        keys = [task_key(rec, i >= tail) for i, rec in enumerate(recs)]
+        tail = len(ranked) if grouped else _queued_tail([cost for cost, _, _ in ranked])
+        return [(rec, grouped or i >= tail) for i, (_, _, rec) in enumerate(ranked)]
+
+    def submit(ranked: list[tuple[dict[str, Any], bool]]) -> list[Any]:
+        # one graph for them all (one message to the scheduler, not one a task)
+        recs = [rec for rec, _ in ranked]
+        keys = [task_key(rec, queued) for rec, queued in ranked]
         futs = client.map(run_packed, recs, key=[k for _, k in keys], pure=False,
                           version=__version__, measure=measured, **task_kw)
         futures.update(zip(futs, zip(recs, (key for key, _ in keys), strict=True), strict=True))
         return futs
+
+    waiting = rank(todo)  # not submitted yet, longest first
+    waiting.reverse()  # popped from the end
+
+    def top_up() -> None:
+        """Submit the next waiting tasks once fewer than half of :data:`_IN_FLIGHT` are out."""
+        room = _IN_FLIGHT - len(futures)
+        if waiting and (room >= _IN_FLIGHT // 2 or not futures):
+            chunk = [waiting.pop() for _ in range(min(max(1, room), len(waiting)))]
+            ac.update(submit(chunk))
 
     def take(batch: list[Any]) -> None:
         """Fetch the rows of ``batch`` (finished futures) in one gather and hand them on;
@@ -255,24 +184,30 @@ def _run(client: Any, todo: list[dict[str, Any]], cache: Any, measured: tuple[st
         if again:  # as one graph again, longest first
             if client.status in ("closing", "closed"):
                 raise ConnectionError("scheduler: the connection to the scheduler was lost")
-            ac.update(submit(again))
+            ac.update(submit(rank(again)))
 
-    ac = as_completed(submit(todo), loop=client.loop)
+    ac = as_completed([], loop=client.loop)
+    top_up()
     held: list[Any] = []  # finished, their rows not fetched yet
     batch: list[Any] = []
+    watch = _Watch(client, timeout)
     try:
         fetched = -_FETCH_EVERY
         while True:
             held += ac.next_batch(block=False)
-            if not held and ac.is_empty():
+            if not held and ac.is_empty() and not waiting:
                 break
             wait = fetched + _FETCH_EVERY - time.monotonic()
             if held and (wait <= 0 or ac.is_empty()):
                 batch, held = held, []
                 fetched = time.monotonic()
                 take(batch)
+                watch.progress()
+                top_up()
             else:
                 _wait(ac, min(wait, 0.1) if held else 0.1)
+                if not held:
+                    watch.check()
     except KeyboardInterrupt:  # what finished before Ctrl-C reaches the cache
         with contextlib.suppress(Exception):
             held += ac.next_batch(block=False)
@@ -291,6 +226,39 @@ def _run(client: Any, todo: list[dict[str, Any]], cache: Any, measured: tuple[st
         futures.clear()
         ac.clear()
         held = batch = []  # noqa: F841
+
+
+class _Watch:
+    """While no row comes, check every :data:`_CHECK_EVERY` seconds that the cluster still
+    has a worker and the scheduler answers: ``ConnectionError`` after ``timeout`` seconds
+    without either (workers killed as they start, a scheduler gone), instead of waiting
+    forever for rows no one computes."""
+
+    def __init__(self, client: Any, timeout: float) -> None:
+        self.client, self.timeout = client, timeout
+        self.last = self.seen = time.monotonic()  # the last check; the last worker seen
+
+    def progress(self) -> None:
+        self.last = self.seen = time.monotonic()
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now - self.last < _CHECK_EVERY:
+            return
+        self.last = now
+        if self.client.status in ("closing", "closed"):
+            raise ConnectionError("scheduler: the connection to the scheduler was lost")
+        try:
+            workers = len(self.client.sync(self.client.scheduler.ncores,
+                                           callback_timeout=self.timeout))
+        except (OSError, TimeoutError) as exc:
+            raise ConnectionError(f"scheduler: no answer within {self.timeout:g} s "
+                                  f"({type(exc).__name__})") from None
+        if workers:
+            self.seen = now
+        elif now - self.seen >= self.timeout:
+            raise ConnectionError(f"workers: none left for {self.timeout:g} s (killed as they "
+                                  "start? out of memory? see the workers' logs)")
 
 
 def _queued_tail(costs: list[int], share: float = _QUEUED_TAIL) -> int:
@@ -439,9 +407,11 @@ def search(
         (implies ``flops``). ``|A_i|`` and nnz come with either.
     client : None, distributed.Client or str
         None: a LocalCluster of ``workers`` processes (default: one per core),
-        one thread each, closed afterwards. A Client is used as it is; a
-        scheduler address (``tcp://HOST:8786``) is connected to within
-        ``timeout`` seconds (and must have a worker by then).
+        one thread each, closed afterwards (call it under ``if __name__ ==
+        "__main__":`` in a script: the workers import the script again). An
+        open, synchronous Client is used as it is (a closed one is a
+        ``ValueError``); a scheduler address (``tcp://HOST:8786``) is connected
+        to within ``timeout`` seconds (and must have a worker by then).
     cache : path, optional
         ``.parquet`` or ``.jsonl``: rows are written as tasks finish (within
         0.2 s), and the candidates it holds (same recipe, same package version,
@@ -459,7 +429,8 @@ def search(
     workers : int, optional
         Processes of the local cluster (only when ``client`` is None), in ``[1, 256]``.
     timeout : float
-        Seconds to reach a scheduler address.
+        Seconds to reach a scheduler address (and to find a worker on it), and
+        the longest wait, while no row comes, on a cluster with no worker left.
     retries : int
         Times a task lost with its worker is submitted again, in ``[0, 100]``.
     retry_errors : bool
@@ -484,7 +455,13 @@ def search(
     TypeError
         A grid value of the wrong type (a float for an integer parameter).
     ConnectionError
-        A scheduler address not reached within ``timeout`` seconds, or lost.
+        A scheduler address not reached within ``timeout`` seconds (or what
+        answers is not a Dask scheduler), a scheduler lost, or no worker left
+        for ``timeout`` seconds; the message says what is saved, and where.
+    RuntimeError
+        The local cluster did not start; or this runs in a worker process
+        importing a script that calls ``search()`` without an ``if __name__ ==
+        "__main__":`` guard (the message names the guard).
     SearchInterrupted
         Ctrl-C (a ``KeyboardInterrupt``); what finished is in the cache.
 
@@ -497,6 +474,7 @@ def search(
     >>> res.pareto().frame["stride"].tolist()  # the cheaper of the two
     [16]
     """
+    check_not_bootstrapping()  # a script without a main guard, run again in a worker
     fams = _families(families)
     ns_list = _ints("ns", ns, 1, MAX_N)
     blocks = _ints("block", block, 1, 4096)
@@ -561,13 +539,14 @@ def _search(store: Any, recipes: list[dict[str, Any]], measured: tuple[str, ...]
             own_client = connected is not client
             try:
                 _run(connected, todo, store, measured, task_kw, retries, done,
-                     grouped=client is not None)  # ungrouped on our own local cluster
+                     grouped=client is not None,  # ungrouped on our own local cluster
+                     timeout=float(timeout))
             except ConnectionError as exc:  # the scheduler lost on the way
                 where = (f"{len(rows)} of {total} candidates are saved in {store.path}; run "
                          "again to resume" if store is not None else "no cache was given")
                 raise ConnectionError(f"{exc}; {where}") from None
             finally:
-                _close(connected, owned, own_client)
+                close_all(connected, owned, own_client)
     except KeyboardInterrupt:
         raise SearchInterrupted(len(rows), total,
                                 None if store is None else str(store.path)) from None

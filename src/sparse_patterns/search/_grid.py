@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -48,23 +49,61 @@ def _values(key: str, value: Any) -> list[Any]:
     return out
 
 
+def _shown(value: Any, limit: int = 40) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, with the value's length.
+
+    Examples
+    --------
+    >>> _shown("abc"), _shown("9" * 5000), _shown(10**5000)
+    ("'abc'", "'99999999999999999999999999999999999999... (5,000 characters)", 'an integer of about 5,000 digits')
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        digits = len(str(abs(value))) if value.bit_length() < 10_000 else None
+        about = f"{digits:,}" if digits else f"about {int(value.bit_length() * 0.30103):,}"
+        return f"an integer of {about} digits"
+    size = len(value) if isinstance(value, str) else 0
+    text = repr(value[: limit + 1] if isinstance(value, str) else value)
+    if len(text) <= limit and size <= limit:
+        return text
+    return f"{text[:limit - 1]}... ({size or len(text):,} characters)"
+
+
+#: An integer as text: ASCII digits only (as the command's integer options read them:
+#: '٣', '1e3' and '1_000' are not integers here), at most :data:`_MAX_DIGITS` of them.
+_MAX_DIGITS = 18
+_INT_TEXT = re.compile(r"[+-]?[0-9]+", re.ASCII)
+
+
 def _check_value(fam: str, param: Any, value: Any, n: int) -> None:
-    """``TypeError`` for a value of the wrong type, ``ValueError`` for unreadable text."""
+    """``TypeError`` for a value of the wrong type, ``ValueError`` for unreadable text or
+    an integer of more than :data:`_MAX_DIGITS` digits (whatever a family takes, no
+    parameter takes that); the message names the parameter and shows the value cut."""
     kind = {int: "an integer", bool: "True or False", str: "a string"}[param.type]
     extra = " or 'sqrt'/'cbrt'" if param.follows_n else ""
+    digits = f"an integer of at most {_MAX_DIGITS} ASCII digits{extra}"
     if value is None and param.default is None:
         return
     if isinstance(value, str):
+        text = value.strip()
+        if param.type is int and not (param.follows_n and text in ("sqrt", "cbrt")):
+            if _INT_TEXT.fullmatch(text) is None or len(text.lstrip("+-")) > _MAX_DIGITS:
+                raise ValueError(f"grid: {param.name}: must be {digits}, got {_shown(value)}")
+            return
+        if len(value) > 64:
+            raise ValueError(f"grid: {param.name}: not a value of {fam}'s {param.name}: "
+                             f"{_shown(value)}")
         try:
-            param.convert(value, n)
+            param.convert(text, n)
         except ValueError as exc:
-            raise ValueError(f"grid: {exc} (family {fam})") from None
+            raise ValueError(f"grid: {str(exc)[:200]} (family {fam})") from None
         return
     good = {int: isinstance(value, int) and not isinstance(value, bool),
             bool: isinstance(value, bool), str: False}[param.type]
     if not good:
-        raise TypeError(f"grid: {param.name}: must be {kind}{extra} for {fam}, got {value!r:.40} "
-                        f"({type(value).__name__})")
+        raise TypeError(f"grid: {param.name}: must be {kind}{extra} for {fam}, got "
+                        f"{_shown(value)} ({type(value).__name__})")
+    if param.type is int and abs(value) >= 10**_MAX_DIGITS:
+        raise ValueError(f"grid: {param.name}: must be {digits}, got {_shown(value)}")
 
 
 def _grid(families: list[str], grid: Any, ns: list[int]
