@@ -47,9 +47,11 @@ import importlib
 from typing import Any
 
 from ._threads import choose as _choose_threading_layer
+from ._threads import settle as _settle_numba
 
 __version__ = "0.1.0"
 
+_settle_numba()  # numba's cache and thread settings decided now, not in a traceback later
 _choose_threading_layer()  # numba's TBB layer where installed: fork- and thread-safe
 
 #: Public names and the module each comes from, imported on first access, so that

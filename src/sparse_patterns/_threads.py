@@ -9,16 +9,32 @@ wheel (a dependency on Linux x86-64) provides ``libtbb.so.12``, recent enough fo
 it loads that library and sets ``NUMBA_THREADING_LAYER=tbb``, unless the user chose
 another layer (the variable set to one TBB is not part of). Elsewhere numba keeps its
 default.
+
+:func:`settle` runs first and decides what numba would otherwise fail on later, with a
+traceback far from the cause; each decision is one line on stderr, once per process:
+
+- the on-disk cache of the package's ``@njit(cache=True)`` functions: numba writes it
+  next to the source (``__pycache__``), else in ``~/.cache/numba``, else (``NUMBA_CACHE_DIR``
+  set) there; a read-only install run by a user without a writable home has none of
+  them (``RuntimeError: cannot cache function ...: no locator available``), so the
+  cache goes to a private directory of this user under the temporary directory;
+- ``NUMBA_CACHE_DIR`` that cannot be written: numba would try the others in silence;
+- ``NUMBA_NUM_THREADS`` that is not an integer >= 1 (numba raised at the first
+  parallel kernel): numba's default, every CPU;
+- ``NUMBA_THREADING_LAYER=tbb`` (or ``safe``) where TBB cannot be loaded (numba raised
+  "No threading layer could be loaded" at the first parallel kernel): numba's default.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import stat
 import sys
+import tempfile
 from importlib import metadata
 
-__all__ = ["choose", "TBB_MIN_INTERFACE"]
+__all__ = ["choose", "settle", "TBB_MIN_INTERFACE"]
 
 #: The oldest TBB interface version numba's layer accepts (TBB 2021.6).
 TBB_MIN_INTERFACE = 12060
@@ -73,3 +89,151 @@ def choose() -> str | None:
         config.THREADING_LAYER = "tbb"
     _CHOSEN[0] = "tbb"
     return "tbb"
+
+
+_SETTLED: list[str] = []
+
+
+def _note(line: str) -> None:
+    """One line on stderr about a setting numba reads (once per process: a child sees the
+    variables already set)."""
+    _SETTLED.append(line)
+    if sys.stderr is not None:
+        print(f"sparse_patterns: {line}", file=sys.stderr, flush=True)
+
+
+def _writable(path: str) -> bool:
+    """Whether ``path`` is a directory this process may create files in, or could create."""
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            return False
+        path = parent
+    return os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
+
+
+def _package_dirs() -> list[str]:
+    """The directories of the package's modules (numba caches next to each source file)."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    out = []
+    for d, subdirs, files in os.walk(root):
+        subdirs[:] = [x for x in subdirs if x != "__pycache__"]
+        if any(f.endswith(".py") for f in files):
+            out.append(d)
+    return out
+
+
+def _in_tree() -> bool:
+    return all(_writable(os.path.join(d, "__pycache__")) for d in _package_dirs())
+
+
+def _user_wide() -> str:
+    """numba's user-wide cache directory (appdirs' user cache dir on Linux)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "numba")
+
+
+def _private_dir() -> str | None:
+    """A directory under the temporary directory that only this user can write, or None."""
+    try:
+        base = tempfile.gettempdir()
+    except (OSError, FileNotFoundError):
+        return None
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    path = os.path.join(base, f"sparse-patterns-numba-{uid if uid is not None else 'user'}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    # another user's directory (or a link to one) would let them plant compiled code here
+    if (not stat.S_ISDIR(st.st_mode) or (uid is not None and st.st_uid != uid)
+            or st.st_mode & 0o022 or not os.access(path, os.W_OK | os.X_OK)):
+        try:
+            return tempfile.mkdtemp(prefix="sparse-patterns-numba-")
+        except OSError:
+            return None
+    return path
+
+
+def _set(name: str, value: str | None, attr: str | None = None, config_value: object = None) -> None:
+    """Set (or, with None, remove) a numba environment variable, and its value in numba's
+    config when numba is already imported (it read the environment then)."""
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    config = getattr(getattr(sys.modules.get("numba"), "core", None), "config", None)
+    if config is not None and attr is not None:
+        setattr(config, attr, config_value)
+
+
+def _settle_cache() -> None:
+    given = os.environ.get("NUMBA_CACHE_DIR", "")
+    if given and _writable(given):
+        return
+    if _in_tree() or _writable(_user_wide()):
+        if given:
+            _note(f"NUMBA_CACHE_DIR={given!r} cannot be written; numba caches compiled "
+                  "code in its other places (the package's __pycache__, ~/.cache/numba)")
+        return
+    private = _private_dir()
+    where = (f"NUMBA_CACHE_DIR={given!r}, " if given else "") + "the package directory and " + \
+        f"{_user_wide()!r} cannot be written"
+    if private is None:
+        _note(f"{where}, nor the temporary directory: numba cannot cache compiled code; set "
+              "NUMBA_CACHE_DIR to a writable directory")
+        return
+    _set("NUMBA_CACHE_DIR", private, "CACHE_DIR", private)
+    _note(f"{where}: numba caches compiled code in {private!r} (set NUMBA_CACHE_DIR to choose)")
+
+
+def _settle_threads() -> None:
+    value = os.environ.get("NUMBA_NUM_THREADS")
+    if value is not None:
+        text = value.strip()
+        if not (text.isascii() and text.isdigit() and int(text) >= 1):
+            import multiprocessing  # noqa: PLC0415
+
+            cpus = multiprocessing.cpu_count()
+            _set("NUMBA_NUM_THREADS", None, "NUMBA_NUM_THREADS", cpus)
+            _note(f"NUMBA_NUM_THREADS={value[:40]!r} is not an integer >= 1; numba uses its "
+                  f"default, {cpus} threads")
+    layer = os.environ.get("NUMBA_THREADING_LAYER", "").strip().lower()
+    if layer in ("tbb", "safe") and not _tbb_loads():
+        _set("NUMBA_THREADING_LAYER", None, "THREADING_LAYER", "default")
+        _note(f"NUMBA_THREADING_LAYER={layer}: TBB cannot be loaded here (pip install tbb); "
+              "numba uses its default layer")
+
+
+def _tbb_loads() -> bool:
+    """Whether numba's TBB layer can load: the ``tbb`` wheel's library, or a system one."""
+    path = _tbb_library()
+    for name in ([path] if path is not None else []) + ["libtbb.so.12"]:
+        try:
+            lib = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+            return lib.TBB_runtime_interface_version() >= TBB_MIN_INTERFACE
+        except (OSError, AttributeError):
+            continue
+    return False
+
+
+def settle() -> list[str]:
+    """Decide the numba settings that would otherwise fail later (see the module docstring),
+    once; returns the lines said on stderr.
+
+    Examples
+    --------
+    >>> isinstance(settle(), list)
+    True
+    """
+    if not _SETTLED and not getattr(settle, "done", False):
+        settle.done = True  # type: ignore[attr-defined]
+        _settle_threads()
+        _settle_cache()
+    return list(_SETTLED)

@@ -1,0 +1,113 @@
+"""The package in hostile environments (issue 54, item 8): a read-only install run by a
+user without a writable home, numba settings that are wrong or cannot be honoured, a
+threading layer that is not thread-safe. Each ends in one line on stderr, said once, and
+the package running; or, from the command line, in one error line and exit status 2.
+
+Each case runs in a fresh interpreter, since numba reads its settings when imported."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import sparse_patterns
+
+PACKAGE = os.path.dirname(sparse_patterns.__file__)
+
+#: Makes the package directory and HOME read-only as far as this process can tell: the test
+#: may run as root, for whom chmod does not stop a write. Both checks numba makes
+#: (``_CacheLocator.ensure_cache_path``: make the directory, create a file in it) and the
+#: one the package makes (``os.access``) say no there.
+READ_ONLY = textwrap.dedent("""
+    import os
+    _ro = (os.path.realpath({package!r}), os.path.realpath(os.path.expanduser("~")))
+    def _under(path):
+        path = os.path.realpath(path)
+        return any(path == r or path.startswith(r + os.sep) for r in _ro)
+    _access = os.access
+    os.access = lambda path, mode, **kw: (not (mode & os.W_OK and _under(path))
+                                          and _access(path, mode, **kw))
+    import numba.core.caching as _caching
+    _ensure = _caching._CacheLocator.ensure_cache_path
+    def _ensure_ro(self):
+        if _under(self.get_cache_path()):
+            raise PermissionError(13, "Read-only file system", self.get_cache_path())
+        return _ensure(self)
+    _caching._CacheLocator.ensure_cache_path = _ensure_ro
+""")
+
+
+def _python(code: str, env: dict[str, str | None], cwd: Path, timeout: float = 120):
+    full = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+    for k, v in env.items():
+        if v is None:
+            full.pop(k, None)
+        else:
+            full[k] = v
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=full, cwd=cwd, timeout=timeout)
+
+
+def test_read_only_install_caches_in_a_private_directory(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    code = READ_ONLY.format(package=PACKAGE) + textwrap.dedent("""
+        import os, numpy as np
+        import sparse_patterns as sps
+        import sparse_patterns.kernels  # decorates its kernels: each needs a cache locator
+        from sparse_patterns._stream import _kernel
+        sel = np.array([[False, True, True], [True, False, False]])
+        counts, order = np.zeros(2, np.int64), np.zeros((2, 3), np.int64)
+        _kernel()(sel, counts, order)  # a small @njit(cache=True) function, compiled and cached
+        assert counts.tolist() == [2, 1] and order.tolist() == [[1, 2, 0], [0, 1, 2]]
+        print(os.environ["NUMBA_CACHE_DIR"])
+    """)
+    env = {"HOME": str(home), "XDG_CACHE_HOME": None, "TMPDIR": str(tmp_path)}
+    res = _python(code, env, tmp_path)
+    assert res.returncode == 0, res.stderr
+    private = str(tmp_path / f"sparse-patterns-numba-{os.getuid()}")
+    assert res.stdout.strip() == private
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sparse_patterns: the package directory and ")
+    assert lines[0].endswith(f"numba caches compiled code in {private!r} (set NUMBA_CACHE_DIR "
+                             "to choose)")
+    assert any(Path(private).rglob("*.nbi"))  # numba cached there
+
+
+def test_bad_thread_count_falls_back_once(tmp_path):
+    code = ("import os, multiprocessing, sparse_patterns, numba\n"
+            "print(numba.get_num_threads() == multiprocessing.cpu_count())")  # launches threads
+    res = _python(code, {"NUMBA_NUM_THREADS": "-1"}, tmp_path)
+    assert (res.returncode, res.stdout.strip()) == (0, "True"), res.stderr
+    cpus = os.cpu_count()
+    assert res.stderr == (f"sparse_patterns: NUMBA_NUM_THREADS='-1' is not an integer >= 1; "
+                          f"numba uses its default, {cpus} threads\n")
+
+
+def test_tbb_asked_where_it_cannot_load_falls_back_once(tmp_path):
+    # no tbb wheel and no system libtbb, as far as this process can tell
+    code = textwrap.dedent("""
+        import ctypes, importlib.metadata as md
+        _files, _cdll = md.files, ctypes.CDLL
+        def files(name):
+            if name == "tbb":
+                raise md.PackageNotFoundError(name)
+            return _files(name)
+        class CDLL(_cdll):
+            def __init__(self, name, *args, **kwargs):
+                if name and "libtbb" in str(name):
+                    raise OSError(f"{name}: cannot open shared object file")
+                super().__init__(name, *args, **kwargs)
+        md.files, ctypes.CDLL = files, CDLL
+        import sparse_patterns, numba
+
+        numba.get_num_threads()  # launches numba's threads on its layer (it raised here)
+        print(numba.threading_layer() in ("omp", "workqueue"))
+    """)
+    res = _python(code, {"NUMBA_THREADING_LAYER": "tbb"}, tmp_path)
+    assert (res.returncode, res.stdout.strip()) == (0, "True"), res.stderr
+    assert res.stderr == ("sparse_patterns: NUMBA_THREADING_LAYER=tbb: TBB cannot be loaded "
+                          "here (pip install tbb); numba uses its default layer\n")
