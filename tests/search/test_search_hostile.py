@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import sys
+import threading
+import time
 
 import pytest
 
@@ -22,6 +26,7 @@ from typer.testing import CliRunner  # noqa: E402
 import sparse_patterns as sps  # noqa: E402
 from sparse_patterns import config  # noqa: E402
 from sparse_patterns.cli import app  # noqa: E402
+from sparse_patterns.search import search  # noqa: E402
 from sparse_patterns.search._cache import ROW_BYTES, open_cache  # noqa: E402
 from sparse_patterns.search._tasks import run_candidate  # noqa: E402
 
@@ -234,3 +239,239 @@ def test_a_foreign_file_is_not_a_search_cache_and_left_untouched(tmp_path):
     c = open_cache(empty, V)
     c.close()
     assert json.loads(empty.read_text())["format"] == "sparse-patterns search cache"
+
+
+# ----------------------------------------------------------------------------- 2: the grid
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--grid", "stride=" + "9" * 30, "--grid", "c=2"],
+         "grid: stride: must be an integer of at most 18 ASCII digits or 'sqrt'/'cbrt', got "
+         "'999999999999999999999999999999'"),
+        (["--grid", "stride=8", "--grid", "c=" + "7" * 5000],
+         "grid: c: must be an integer of at most 18 ASCII digits, got "
+         "'77777777777777777777777777777777777777... (5,000 characters)"),
+        (["--grid", "stride=\u0668", "--grid", "c=2"], "got '\u0668'"),  # ARABIC-INDIC EIGHT
+        (["--stride", "\u0668", "--c", "2"], "got '\u0668'"),  # the same parser as --grid
+        (["--grid", "stride=8", "--grid", "c=1e3"], "grid: c: must be an integer"),
+    ],
+)
+def test_grid_values_are_checked_like_options(args, message):
+    r = run("fixed", "--n", "64", *args)
+    line = _one_line(r, 2, message)
+    assert len(line) < 200 and r.stdout == ""
+
+
+def test_a_grid_value_of_the_api_is_checked_the_same_way():
+    with pytest.raises(ValueError, match=r"^grid: stride: must be an integer of at most 18 ASCII "
+                                         r"digits or 'sqrt'/'cbrt', got 10{30}$"):
+        search("fixed", {"stride": 10**30, "c": 2}, 64)
+
+
+# ----------------------------------------------------------------------------- 2: scheduling
+@pytest.fixture(scope="module")
+def inproc():
+    """A cluster of 2 worker threads in this process, on tcp (a scheduler address too)."""
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=False, protocol="tcp://",
+                           dashboard_address=":0")
+    client = Client(cluster, set_as_default=False)
+    yield client, cluster
+    client.close()
+    cluster.close()
+
+
+def test_submission_is_bounded(inproc, monkeypatch):
+    """A grid goes out a few tasks at a time (a small bound here), longest first, and every
+    row comes back equal to the candidate computed here."""
+    from distributed import Client
+
+    from sparse_patterns.search import _tasks
+
+    search_mod = sys.modules["sparse_patterns.search"]
+    monkeypatch.setattr(search_mod, "_IN_FLIGHT", 4)
+    sizes = []
+    real_map = Client.map
+
+    def spy(self, func, *iterables, **kw):
+        sizes.append(len(iterables[0]))
+        return real_map(self, func, *iterables, **kw)
+
+    monkeypatch.setattr(Client, "map", spy)
+    res = search("strided", {"stride": [2, 3, 4, 5, 6, 7]}, [16, 32], block=4, heads=2,
+                 head_dim=8, client=inproc[0])
+    assert sum(sizes) == 12 and max(sizes) <= 4 and len(sizes) >= 3
+    for row in res.rows:
+        mine = _tasks.run_candidate(_tasks.recipe_of(row), V, ("verify", "flops"))
+        assert (row["ok"], row["max_hops"], row["computed_flops"]) == (
+            mine["ok"], mine["max_hops"], mine["computed_flops"])
+
+
+def test_no_worker_left_is_one_line_saying_what_is_saved(tmp_path, monkeypatch):
+    from distributed import Client, LocalCluster
+
+    search_mod = sys.modules["sparse_patterns.search"]
+    monkeypatch.setattr(search_mod, "_IN_FLIGHT", 2)
+    monkeypatch.setattr(search_mod, "_CHECK_EVERY", 0.1)
+    path = tmp_path / "r.jsonl"
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=":0") as cluster, Client(cluster,
+                                                                 set_as_default=False) as client:
+        def progress(done, total):
+            if done == 1:  # the only worker goes away after the first row
+                cluster.scale(0)
+                cluster.sync(cluster._correct_state)
+
+        t = time.monotonic()
+        with pytest.raises(ConnectionError, match=r"^workers: none left for 1 s .*; (\d+) of 12 "
+                                                  r"candidates are saved in .*r\.jsonl'?; run again"):
+            search("strided", {"stride": [2, 3, 4, 5, 6, 7]}, [16, 32], block=4, heads=2,
+                   head_dim=8, client=client, cache=path, timeout=1, progress=progress)
+        assert time.monotonic() - t < 60  # a hang guard, not a timing
+    store = open_cache(path, V)
+    assert 1 <= len(store.rows) < 12
+    store.close()
+
+
+def test_ctrl_c_stops_a_bounded_search_and_says_what_is_saved(inproc, tmp_path, monkeypatch):
+    from sparse_patterns.search import SearchInterrupted
+
+    search_mod = sys.modules["sparse_patterns.search"]
+    monkeypatch.setattr(search_mod, "_IN_FLIGHT", 2)
+
+    def progress(done, total):
+        if done >= 3:
+            raise KeyboardInterrupt
+
+    path = tmp_path / "r.parquet"
+    with pytest.raises(SearchInterrupted) as info:
+        search("strided", {"stride": [2, 3, 4, 5, 6, 7]}, [16, 32], block=4, heads=2,
+               head_dim=8, client=inproc[0], cache=path, progress=progress)
+    assert 3 <= info.value.saved < 12 and info.value.total == 12
+    store = open_cache(path, V)
+    assert len(store.rows) == info.value.saved
+    store.close()
+
+
+def test_a_search_in_which_every_candidate_errors_exits_1(inproc):
+    r = run("fixed", "--n", "64", "--grid", "stride=8", "--grid", "c=9,10", "--scheduler",
+            inproc[1].scheduler_address)
+    assert r.exit_code == 1, r.output
+    assert "2 candidates: 0 verified, 0 failing a criterion, 2 errors" in r.stdout
+    assert r.stderr.count("failed: fixed") == 2
+
+
+# ----------------------------------------------------------------------------- 3: schedulers
+def _fake_server(kind: str) -> tuple[str, socket.socket]:
+    """A local server that answers as ``kind``: garbage, an HTTP page, a frame announcing
+    2**60 bytes, one byte every 0.3 s, silence, or an immediate close."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+
+    def handle(conn):
+        with conn:
+            try:
+                if kind == "garbage":
+                    conn.sendall(b"\x00garbage!" * 100)
+                elif kind == "http":
+                    conn.recv(100)
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi")
+                elif kind == "huge":
+                    conn.sendall((1 << 60).to_bytes(8, "little") + b"\x00" * 64)
+                elif kind == "drip":
+                    for _ in range(30):
+                        conn.sendall(b"\x01")
+                        time.sleep(0.3)
+                elif kind == "close":
+                    return
+                time.sleep(8)
+            except OSError:
+                pass
+
+    def serve():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"tcp://127.0.0.1:{srv.getsockname()[1]}", srv
+
+
+@pytest.mark.parametrize(
+    "kind,message",
+    [("garbage", "is not a Dask scheduler (its first message announces"),
+     ("http", "no answer from"), ("huge", "announces 1,152,921,504,606,846,976 bytes"),
+     ("drip", "no answer from"), ("silent", "no answer from"),
+     ("close", "closed the connection before saying what it is")],
+)
+def test_a_fake_scheduler_is_one_line_within_the_timeout(kind, message):
+    address, srv = _fake_server(kind)
+    try:
+        t = time.monotonic()
+        with pytest.raises(ConnectionError, match=r"^scheduler: ") as info:
+            search("strided", {"stride": 4}, 16, client=address, timeout=1)
+        assert time.monotonic() - t < 5  # a hang guard: was 10 s to 61 s
+        assert message in str(info.value) and "\n" not in str(info.value)
+        r = run("strided", "--n", "16", "--grid", "stride=4", "--scheduler", address,
+                "--timeout", "1")
+        _one_line(r, 2, message)
+    finally:
+        srv.close()
+
+
+@pytest.mark.parametrize("address,message", [
+    ("tcp://127.0.0.1:99999x", "client: not a scheduler address"),
+    ("tcp://" + "a" * 5000 + ":8786", "no answer from|cannot reach"),
+    ("tcp://127.0.0.1:1", "cannot reach 'tcp://127.0.0.1:1' within 1 s"),
+])
+def test_a_malformed_or_unreachable_address_is_one_line(address, message):
+    t = time.monotonic()
+    with pytest.raises((ValueError, ConnectionError), match=message) as info:
+        search("strided", {"stride": 4}, 16, client=address, timeout=1)
+    assert time.monotonic() - t < 5 and len(str(info.value)) < 300
+
+
+def test_a_closed_client_is_a_clear_error(inproc):
+    from distributed import Client
+
+    closed = Client(inproc[1], set_as_default=False)
+    closed.close()
+    with pytest.raises(ValueError, match=r"^client: the given distributed.Client is closed; give "
+                                         r"an open one"):
+        search("strided", {"stride": 4}, 16, client=closed)
+
+
+def test_a_search_from_a_thread_works(inproc):
+    out = {}
+
+    def go():
+        try:
+            out["res"] = search("strided", {"stride": 4}, 16, block=4, client=inproc[0])
+        except BaseException as exc:  # noqa: BLE001 - looked at below
+            out["exc"] = exc
+
+    thread = threading.Thread(target=go)
+    thread.start()
+    thread.join(120)
+    assert "exc" not in out and out["res"].rows[0]["ok"] is True
+
+
+@pytest.mark.alone
+def test_a_script_without_a_main_guard_gets_one_error_naming_it(tmp_path):
+    import subprocess
+
+    script = tmp_path / "unguarded.py"
+    script.write_text("from sparse_patterns.search import search\n"
+                      "search('strided', {'stride': 4}, 16, workers=2)\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.count("Traceback") == 1, proc.stderr  # the script's own, once
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: search: the local cluster's workers did not start")
+    assert 'if __name__ == "__main__":' in last
