@@ -387,7 +387,7 @@ def choose(impl: Any, arrays: Mapping[str, Any], pattern: Any, mode: Any, block:
     >>> be.name, pl.block
     ('numba', 32)
     """
-    from ._inputs import resolve  # noqa: PLC0415 - imports the CPU converters
+    from .inputs import resolve  # noqa: PLC0415 - imports the CPU converters
 
     inputs = Inputs.of(arrays)
     name = getattr(impl, "value", impl)

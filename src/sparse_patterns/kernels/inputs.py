@@ -22,8 +22,7 @@ import numpy as np
 
 from .._validate import check_int
 from ..pattern import Pattern
-from .cpu._convert import HALF_KINDS, narrow, widen
-from .cpu._pool import _buffer
+from .cpu import HALF_KINDS, narrow, pooled_array, widen
 from .planning import ExecutionPlan, cached_plan, check_mode
 
 __all__ = ["MAX_BLOCK", "resolve", "check_scale", "HostArrays", "DeviceArrays"]
@@ -197,7 +196,7 @@ class HostArrays:
         if half:
             # narrowed into a recycled array: a new 16 MiB tensor's first touch cost 2-35 ms
             # of page faults (bf16 strided forward, n = 16,384: 51-85 ms -> see the commit)
-            return self.out_words(narrow(a, self.dtype_name, out=_buffer(a.shape, np.uint16)))
+            return self.out_words(narrow(a, self.dtype_name, out=pooled_array(a.shape, np.uint16)))
         if self.torch is None:
             return a if lse else a.astype(self.dtype_name, copy=False)
         t = self.torch.from_numpy(a)

@@ -105,7 +105,7 @@ def piece_shapes(plan: ExecutionPlan, pattern: Pattern | None) -> list[Classes |
         offs = None if pattern is None else _family_offsets(pattern)
         if offs is None:
             return none
-        from ._flex_masks import piece_members  # noqa: PLC0415
+        from .flex import piece_members  # noqa: PLC0415
 
         members = piece_members(pattern, plan)
         if members is None:
@@ -331,7 +331,7 @@ def plan_attention(q: Any, k: Any, v: Any, plan: ExecutionPlan, *,
     """
     import torch  # noqa: PLC0415
 
-    from ._inputs import check_scale  # noqa: PLC0415
+    from .inputs import check_scale  # noqa: PLC0415
 
     _check(torch, q, k, v, plan)
     sc = check_scale(scale, q.shape[3], "float64" if q.dtype == torch.float64 else "float32")
@@ -353,7 +353,7 @@ def plan_attention(q: Any, k: Any, v: Any, plan: ExecutionPlan, *,
 
 
 def _check(torch: Any, q: Any, k: Any, v: Any, plan: ExecutionPlan) -> None:
-    from ._inputs import check_shapes  # noqa: PLC0415
+    from .inputs import check_shapes  # noqa: PLC0415
 
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):

@@ -58,14 +58,17 @@ from ._bf16 import (
     bf16_products_here,
 )
 from ._blas import single_threaded_blas
+from ._convert import HALF_KINDS, narrow, widen
 from ._forward import forward, forward_bf16
 from ._peak import fma_peak
+from ._pool import _buffer as pooled_array
 from ._pool import release_workspace
 
 __all__ = ["BACKEND", "forward", "forward_bf16", "amx_applies", "amx_products_here", "bf16_applies",
            "bf16_products_here",
            "BF16_MODES", "backward", "backward_bf16",
-           "release_workspace", "single_threaded_blas", "fma_peak"]
+           "release_workspace", "single_threaded_blas", "fma_peak", "HALF_KINDS", "narrow", "widen",
+           "pooled_array"]
 
 
 class _Numba(Backend):
@@ -79,7 +82,7 @@ class _Numba(Backend):
 
     def forward(self, q: Any, k: Any, v: Any, plan: Any, *, pattern: Any = None,
                 scale: float | None = None, return_lse: bool = False) -> Any:
-        from .._inputs import HostArrays, check_scale  # noqa: PLC0415 - it imports this package
+        from ..inputs import HostArrays, check_scale  # noqa: PLC0415 - it imports this package
 
         x = HostArrays({"q": q, "k": k, "v": v}, plan.n, widen_half=False)
         s = check_scale(scale, x.shape[3], x.compute.__name__)
@@ -94,7 +97,7 @@ class _Numba(Backend):
 
     def backward(self, q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, plan: Any, *,
                  pattern: Any = None, scale: float | None = None) -> tuple[Any, Any, Any]:
-        from .._inputs import HostArrays, check_scale  # noqa: PLC0415
+        from ..inputs import HostArrays, check_scale  # noqa: PLC0415
 
         x = HostArrays({"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, plan.n,
                        widen_half=False)

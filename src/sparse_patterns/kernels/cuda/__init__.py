@@ -5,7 +5,7 @@
 and the score scale. The inputs are torch CUDA tensors (read through
 ``__cuda_array_interface__``, results returned as torch tensors on the same
 device and stream) or numba device arrays; both functions check them with the
-kernels' one input check (``kernels._inputs.DeviceArrays``), which
+kernels' one input check (``kernels.inputs.DeviceArrays``), which
 :func:`sparse_patterns.kernels.attention` with ``impl="cuda"`` reaches through
 them. float32 and float64 are computed in their own precision; torch float16
 and bfloat16 are computed in float32 and returned in their dtype.
@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from .._inputs import DeviceArrays, check_scale
 from ..backend import Backend, Inputs
+from ..inputs import DeviceArrays, check_scale
 from ..planning import ExecutionPlan
 from ._detect import CudaUnavailableError, backend, raise_if_toolkit_missing, require
 from ._device import Launch, device_plan

@@ -1,7 +1,7 @@
 """Arrays on the GPU for ``impl="cuda"``: the inputs read in place, outputs, and the plan.
 
 :class:`Launch` takes inputs already checked by
-:class:`sparse_patterns.kernels._inputs.DeviceArrays` and gives numba device
+:class:`sparse_patterns.kernels.inputs.DeviceArrays` and gives numba device
 arrays in the compute dtype: torch CUDA tensors are read through
 ``__cuda_array_interface__`` (results come back as torch tensors on the same
 device, launched on torch's current stream), numba device arrays are used as

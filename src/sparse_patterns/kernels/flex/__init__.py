@@ -6,7 +6,7 @@ blocks (every l-th key lands in nearly every block); in the order the plan gives
 each piece (:mod:`sparse_patterns.kernels.planning`: positions grouped by
 ``i mod l`` for a stride head) the same head is block-compact. So for each piece
 ``q``, ``k`` and ``v`` are gathered into the piece's order (``index_select``),
-FlexAttention runs with the piece's ``BlockMask`` (:mod:`._flex_masks`: full
+FlexAttention runs with the piece's ``BlockMask`` (:mod:`._masks`: full
 tiles as full blocks, partial tiles through a ``mask_mod``), and the pieces of
 one softmax group are merged exactly by their log-sum-exp and put back in token
 order. Every step is a differentiable torch operation, so gradients come from
@@ -46,7 +46,7 @@ recompilation; inputs are made contiguous so that their strides agree). Calls ru
 with room for :data:`RECOMPILE_LIMIT` graphs and fail past it rather than fall
 back to the eager operator.
 
-The ``mask_mod`` (:mod:`._flex_masks`): ``"auto"`` takes the family's formula when
+The ``mask_mod`` (:mod:`._masks`): ``"auto"`` takes the family's formula when
 the pattern has one (the tensors it holds moved to the device), else the bit
 tables, which any plan has: arithmetic on the tokens costs less than gathers from a
 table per element.
@@ -58,24 +58,25 @@ import math
 import warnings
 from typing import Any
 
-from .. import config
-from .._validate import check_choice
-from ..pattern import Pattern
-from ._flex_masks import (
+from ... import config
+from ..._validate import check_choice
+from ...pattern import Pattern
+from ..backend import Backend, Inputs, as_tensors, grads_by_autograd, merge_by_lse
+from ..inputs import check_scale, check_shapes, resolve
+from ..planning import BLOCK, ExecutionPlan
+from ._masks import (
     MASKS,
     cpu_group,
     key_extent,
     perm,
     piece_block_mask,
+    piece_members,
     release_workspace,
 )
-from ._inputs import check_scale, check_shapes, resolve
-from .backend import Backend, Inputs, as_tensors, grads_by_autograd, merge_by_lse
-from .planning import BLOCK, ExecutionPlan
 
 __all__ = ["BACKEND", "FLEX_BLOCK", "MASKS", "RECOMPILE_LIMIT", "flex_attention_plan", "forward", "backward",
            "available", "check_block", "release_workspace", "piece_attention", "mask_kind",
-           "check_eager_fits"]
+           "check_eager_fits", "piece_members", "key_extent"]
 
 #: FlexAttention's block size on a GPU: ``impl="flex"`` on CUDA needs a plan ``block``
 #: that is a multiple of it (any ``block`` runs on the CPU).
@@ -258,8 +259,7 @@ def mask_kind(mask: str, device: Any, pattern: Pattern | None, plan: ExecutionPl
     mask = check_choice("mask", mask, MASKS)
     if mask == "bits":
         return mask
-    from ..patterns.formulas import formula_of  # noqa: PLC0415
-    from ._flex_masks import piece_members  # noqa: PLC0415
+    from ...patterns.formulas import formula_of  # noqa: PLC0415
 
     def has() -> bool:
         return (pattern is not None and formula_of(pattern) is not None
@@ -328,7 +328,7 @@ def flex_attention_plan(
     pattern : Pattern, optional
         The plan's pattern: lets the ``mask_mod`` use the family's formula.
     mask : {"auto", "bits", "formula"}
-        How partial tiles are decided (see :mod:`._flex_masks`).
+        How partial tiles are decided (see :mod:`._masks`).
 
     Returns
     -------

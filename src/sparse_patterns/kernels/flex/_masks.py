@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from .._stream import check_fits, ordered_into
-from ..pattern import Pattern
-from .planning import ExecutionPlan
+from ..._stream import check_fits, ordered_into
+from ...pattern import Pattern
+from ..planning import ExecutionPlan
 
 __all__ = ["MASKS", "BYTES_LIMIT", "piece_block_mask", "piece_members", "probe_positions", "tile_layouts",
            "index", "perm", "cpu_group", "release_workspace", "on_device", "key_extent"]
@@ -121,7 +121,7 @@ def piece_members(pattern: Pattern, plan: ExecutionPlan) -> list[tuple[int, ...]
         if plan.num_pieces != pattern.num_heads:
             return None
         return [(p,) for p in range(plan.num_pieces)]
-    from ._pieces import pieces  # noqa: PLC0415
+    from ..planning import pieces  # noqa: PLC0415
 
     found, _ = pieces(pattern, "merged", plan.block)
     out = []
@@ -315,7 +315,7 @@ def _build(plan: ExecutionPlan, p: int, device: Any, mask: str, pattern: Pattern
         full[:, nb] = True  # the anchor: one key, in every query block
     if mask == "formula":
         members = piece_members(pattern, plan) if pattern is not None else None
-        from ..patterns.formulas import formula_of  # noqa: PLC0415
+        from ...patterns.formulas import formula_of  # noqa: PLC0415
 
         rules = formula_of(pattern) if members is not None else None
         if rules is None:

@@ -24,13 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import check_choice, check_int
-from ..pattern import KERNEL_MODES, Mode, Pattern
+from ..._validate import check_choice, check_int
+from ...pattern import KERNEL_MODES, Mode, Pattern
 from ._pieces import MaskTable, chunk_rows, piece_tiles, pieces, residue_perm
 
 __all__ = [
     "ExecutionPlan", "plan", "cached_plan", "MODES", "BLOCK", "check_mode", "clear_plan_cache",
-    "residue_perm",
+    "residue_perm", "pieces",
 ]
 
 #: Softmax grouping of the pattern's heads: one softmax per pattern head, or one over the union.
@@ -486,7 +486,7 @@ def plan(
 
 
 def cached_plan(pattern: Pattern, block: int, mode: str, cache: bool = True) -> ExecutionPlan:
-    """:func:`plan` for arguments already checked, as ``kernels._inputs.resolve`` does.
+    """:func:`plan` for arguments already checked, as ``kernels.inputs.resolve`` does.
 
     ``pattern`` a :class:`~sparse_patterns.Pattern`, ``block`` an int in
     ``[1, 4096]``, ``mode`` one of :data:`MODES` (:func:`check_mode`); nothing is
