@@ -43,11 +43,9 @@ torch.Size([2, 4, 4])
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from ._threads import choose as _choose_threading_layer
 from ._threads import settle as _settle_numba
+from .util.lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -91,15 +89,4 @@ _MODULES = ("config", "layout", "pattern", "patterns", "algebra")
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value  # the next access is a plain attribute
-        return value
-    if name in _SUBPACKAGES or name in _MODULES:
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module 'sparse_patterns' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__, *_SUBPACKAGES, *_MODULES})
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, (*_SUBPACKAGES, *_MODULES))

@@ -24,10 +24,8 @@ names below load on first use, so reading budgets imports no numba.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from ..pattern import MODES
+from ..util.lazy import lazy_attributes
 
 #: public name -> the module of this package that defines it
 _LAZY = {
@@ -43,13 +41,4 @@ _LAZY = {
 __all__ = ["MODES", *_LAZY]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_attributes(__name__, {k: f".{m}" for k, m in _LAZY.items()})

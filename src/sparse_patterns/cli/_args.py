@@ -15,7 +15,6 @@ Nothing here imports NumPy: ``patterns --help`` and ``patterns list`` stay fast.
 from __future__ import annotations
 
 import errno
-import importlib
 import os
 import re
 import stat
@@ -27,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup
+
+from ..util.lazy import LazyModule
 
 try:  # typer >= 0.29 carries its own copy of click
     from typer._click.exceptions import ClickException
@@ -49,17 +50,8 @@ MAX_N = 2**31 - 1
 MAX_NS = 64
 
 
-class _Lazy:
-    """A module imported on first attribute access: ``--help`` loads neither NumPy nor SciPy."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(importlib.import_module(self._name), attr)
-
-
-registry = _Lazy("sparse_patterns.patterns.registry")
+#: The family registry, imported on first use: ``--help`` loads neither NumPy nor SciPy.
+registry = LazyModule("sparse_patterns.patterns.registry")
 
 
 class UsageError(ValueError):

@@ -22,8 +22,7 @@ and the CLI dispatch. torch is imported only inside the functions that need it.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..util.lazy import lazy_attributes
 
 #: Where each public name lives: loaded on first use, so that reading the table of
 #: formats (``patterns export --help``) does not import NumPy, SciPy or torch.
@@ -39,16 +38,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(__name__, {k: f".{m}" for k, m in _WHERE.items()})
 
 
 __all__ = [
