@@ -44,7 +44,7 @@ from .layout import BlockLayout
 from .pattern import Pattern
 
 if TYPE_CHECKING:
-    from .patterns._flex import Rule
+    from .patterns.formulas import Rule
 
 __all__ = [
     "OPS", "MAX_DEPTH", "MAX_NODES", "MAX_NAME", "ExpressionRule", "combine", "expression_recipe",

@@ -108,7 +108,7 @@ def document_offsets(documents: Any, n: int) -> np.ndarray:
 
 
 def _csr(n: int, indptr: np.ndarray, indices: np.ndarray) -> sp.csr_matrix:
-    from .patterns._build import csr  # noqa: PLC0415 (documents sits beside the families)
+    from .patterns import csr  # noqa: PLC0415 (documents sits beside the families)
 
     return csr(n, indptr, indices)
 

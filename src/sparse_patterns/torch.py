@@ -30,12 +30,18 @@ from .kernels import attention, attention_backward, backend_names, get_backend, 
 from .kernels.backend import choose
 from .pattern import Pattern
 
-__all__ = ["SparseAttention", "sparse_attention"]
+__all__ = ["SparseAttention", "sparse_attention", "check_impl"]
 
 
-def _check_impl(impl: Any) -> str:
+def check_impl(impl: Any) -> str:
     """The name of ``impl`` if it can train (a backward, or torch autograd); a one-line
-    ``ValueError`` if not."""
+    ``ValueError`` if not.
+
+    Examples
+    --------
+    >>> check_impl("auto"), check_impl("numba")
+    ('auto', 'numba')
+    """
     name = getattr(impl, "value", impl)
     if name == "auto":
         return name
@@ -199,7 +205,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     >>> x.grad.shape
     torch.Size([1, 2, 16, 8])
     """
-    return _run(q, k, v, pattern, mode, scale, _check_impl(impl), block)
+    return _run(q, k, v, pattern, mode, scale, check_impl(impl), block)
 
 
 class SparseAttention(torch.nn.Module):
@@ -250,7 +256,7 @@ class SparseAttention(torch.nn.Module):
                  scale: float | None = None, impl: str = "auto",
                  block: int | None = None) -> None:
         super().__init__()
-        self.impl = _check_impl(impl)
+        self.impl = check_impl(impl)
         be = get_backend("numba" if self.impl == "auto" else self.impl)
         # checks pattern, block and mode; the plan of the backend's first device
         self.plan = plan(pattern, block=be.default_block(be.devices[0]) if block is None

@@ -116,10 +116,10 @@ def configure(model: Any, patterns: Pattern | Sequence[Pattern], *, mode: str = 
     torch.Size([1, 32, 11])
     """
     from ..kernels.planning import check_mode  # noqa: PLC0415
-    from ..torch import _check_impl  # noqa: PLC0415
+    from ..torch import check_impl  # noqa: PLC0415
 
     mode = check_mode(mode)
-    impl = _check_impl(impl)
+    impl = check_impl(impl)
     pats = [patterns] if isinstance(patterns, Pattern) else list(patterns)
     if not pats or not all(isinstance(p, Pattern) for p in pats):
         raise ValueError("patterns: give a Pattern or a non-empty sequence of Patterns")

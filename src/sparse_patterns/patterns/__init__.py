@@ -8,6 +8,7 @@ beside its generator (``REGISTRY[name].flex``).
 """
 
 from . import axial, bigbird, factorized, fixed, full, global_tokens, local, longformer, strided  # noqa: F401
+from ._build import csr
 from .registry import (
     REGISTRY,
     Param,
@@ -22,4 +23,5 @@ from .registry import (
 
 __all__ = [
     "REGISTRY", "Param", "PatternSpec", "describe", "get", "make", "register", "resolve", "root_of",
+    "csr",
 ]
