@@ -348,25 +348,6 @@ def test_bf16_exponentials_within_their_stated_error():
     assert np.isnan(got[3, 0]) and np.isnan(csum[0]) and not np.isnan(csum[1:]).any()
 
 
-@needs_bf16_products
-def test_bf16_products_head_by_head_equal_all_heads_at_once(monkeypatch):
-    """strided's pieces run one head at a time (``_CHUNK_BYTES``: a head's rows) on
-    bf16 products: the same arithmetic in another order of work, so the output and
-    log-sum-exp are bit for bit those of every head in one call."""
-    from sparse_patterns.kernels.cpu import _forward as fw
-
-    monkeypatch.setenv("SPARSE_PATTERNS_BF16", "products")
-    pat = sps.make("strided", 2048, stride=64)
-    g = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(2, 2, 2048, 64, generator=g).to(torch.bfloat16) for _ in range(3))
-    whole = attention(q, k, v, pat, mode="merged", return_lse=True)
-    monkeypatch.setattr(fw, "_CHUNK_BYTES", 4 * 2048 * 64 * 4)  # one head's rows
-    heads = attention(q, k, v, pat, mode="merged", return_lse=True)
-    for a, b in zip(whole, heads, strict=True):
-        assert torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a,
-                           b.view(torch.int16) if b.dtype == torch.bfloat16 else b)
-
-
 @pytest.mark.parametrize(("name", "params", "mode", "want"), [
     ("strided", {"stride": 64}, "merged", [1, 2]),  # residue classes, then the window
     ("strided", {"stride": 64}, "multihead", [0, 0]),  # one piece per softmax group
@@ -385,36 +366,32 @@ def test_bf16_state_goes_as_words_only_between_a_copied_piece_and_the_last(name,
 
 
 @needs_bf16_products
-def test_bf16_products_prefetch_changes_nothing(monkeypatch):
+def test_bf16_products_prefetching_forward_repeats_bit_for_bit(monkeypatch):
     """With bf16 products the blocks used in place prefetch the next block's rows (the
-    values from their pairs' array): bit for bit the output and log-sum-exp without."""
-    from sparse_patterns.kernels.cpu import _forward as fw
-
+    values from their pairs' array), a hint: bit for bit the same output and log-sum-exp
+    from one call to the next."""
     monkeypatch.setenv("SPARSE_PATTERNS_BF16", "products")
     pat = sps.make("strided", 1024, stride=40)
     assert bf16_applies(plan(pat, mode="merged", block=32), 64)
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(1, 2, 1024, 64, generator=g).to(torch.bfloat16) for _ in range(3))
     on = attention(q, k, v, pat, mode="merged", return_lse=True)
-    monkeypatch.setattr(fw, "_PREFETCH", False)
     off = attention(q, k, v, pat, mode="merged", return_lse=True)
     assert torch.equal(on[0].view(torch.int16), off[0].view(torch.int16))
     assert torch.equal(on[1], off[1])
 
 
 @pytest.mark.parametrize("path", PRODUCTS)
-def test_bf16_backward_prefetch_changes_nothing(path, monkeypatch):
-    """The bf16 backward asks for the next key block's rows and their pairs: bit for bit
-    the gradients without (products by ``vdpbf16ps`` or by AMX)."""
-    from sparse_patterns.kernels.cpu import _backward as bw
-
+def test_bf16_backward_prefetching_repeats_bit_for_bit(path, monkeypatch):
+    """The bf16 backward asks for the next key block's rows and their pairs, a hint: bit
+    for bit the same gradients from one call to the next (products by ``vdpbf16ps`` or by
+    AMX)."""
     bf16_path(monkeypatch, path)
     pat = sps.make("strided", 1024, stride=40)
     g = torch.Generator().manual_seed(5)
     q, k, v, do = (torch.randn(1, 2, 1024, 64, generator=g).to(torch.bfloat16) for _ in range(4))
     o, lse = attention(q, k, v, pat, mode="merged", return_lse=True)
     on = attention_backward(q, k, v, o, lse, do, pat, mode="merged")
-    monkeypatch.setattr(bw, "_PREFETCH", False)
     off = attention_backward(q, k, v, o, lse, do, pat, mode="merged")
     for a, b in zip(on, off, strict=True):
         assert torch.equal(a, b)

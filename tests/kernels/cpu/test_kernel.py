@@ -395,15 +395,11 @@ def test_two_pieces_in_one_query_order_run_as_a_pair(n, params, dtype, reverse, 
 
 @pytest.mark.parametrize("mode", ["merged", "multihead"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("heads_per_run", [1, 2])
-def test_pieces_run_head_by_head_match_the_oracle(heads_per_run, dtype, mode, monkeypatch):
-    """strided's residue piece (copied per work item) and its window (in place) run on a
-    few heads at a time when the heads' rows exceed ``_CHUNK_BYTES``: every piece once
-    per run of heads, the state kept in normal stores between them; the output and
-    log-sum-exp are the dense oracle's. Where the budget holds every head, or not even
-    one, both pieces run in one call over every head, a thread taking each head through
-    both (``_forward_two``), the state sent to memory. In multihead mode (a piece per
-    group) every head runs in one call a piece."""
+def test_pieces_run_head_by_head_match_the_oracle(dtype, mode, monkeypatch):
+    """strided's residue piece (copied per work item) and its window (in place) run in
+    one call over every head, a thread taking each head through both (``_forward_two``),
+    the state sent to memory; the output and log-sum-exp are the dense oracle's. In
+    multihead mode (a piece per group) every head runs in one call a piece."""
     from sparse_patterns.kernels.cpu import _forward as fw
 
     B, H, n, d = 2, 3, 1024, 64
@@ -414,28 +410,20 @@ def test_pieces_run_head_by_head_match_the_oracle(heads_per_run, dtype, mode, mo
 
         def call(*args):
             kw = dict(zip(names, args, strict=True))
-            calls.append((tag, kw["bh0"], kw["bh1"], kw.get("nt", True)))
+            calls.append((tag, kw["BH"]))
             return fn(*args)
         return call
 
     monkeypatch.setattr(fw, "_forward_piece", spy(fw._forward_piece, "piece"))
     monkeypatch.setattr(fw, "_forward_two", spy(fw._forward_two, "two"))
-    monkeypatch.setattr(fw, "_CHUNK_BYTES", heads_per_run * 4 * n * d * np.dtype(dtype).itemsize)
     pat = sps.make("strided", n, stride=32)
     pl = plan(pat, mode=mode, block=32)
     assert pl.num_pieces == 2
     check(pat, mode, dtype, H=H, d=d, block=32, B=B)
     if mode == "multihead":  # a piece per group: nothing passes from one piece to another
-        assert calls == [("piece", 0, B * H, True)] * 2
+        assert calls == [("piece", B * H)] * 2
         return
-    runs = sorted({(a, b) for _, a, b, _ in calls})
-    assert runs == [(a, min(B * H, a + heads_per_run)) for a in range(0, B * H, heads_per_run)]
-    assert len(calls) == 2 * len(runs) and not any(nt for *_, nt in calls)
-    for budget in (1 << 40, 4 * n * d * np.dtype(dtype).itemsize - 1):
-        calls.clear()
-        monkeypatch.setattr(fw, "_CHUNK_BYTES", budget)
-        check(pat, mode, dtype, H=H, d=d, block=32, B=B)
-        assert calls == [("two", 0, B * H, True)]
+    assert calls == [("two", B * H)]
 
 
 @pytest.mark.parametrize("name, n, params", [
@@ -443,12 +431,11 @@ def test_pieces_run_head_by_head_match_the_oracle(heads_per_run, dtype, mode, mo
     ("strided", 2048, {"stride": 64}),
 ])
 @pytest.mark.parametrize("bf", [False, True])
-def test_pieces_by_head_change_nothing(name, n, params, bf, monkeypatch):
-    """Both of strided's pieces on one head per thread (``_forward_two``, ``_BY_HEAD``) give
-    the outputs and log-sum-exp of each piece over every head in a call of its own, bit for
-    bit: float32, and bf16 products with the output as float32 or as bf16 words (the state
-    handed over as words), on more heads than threads."""
-    from sparse_patterns.kernels.cpu import _forward as fw
+def test_pieces_by_head_repeat_bit_for_bit(name, n, params, bf):
+    """Both of strided's pieces on one head per thread (``_forward_two``) give the same
+    outputs and log-sum-exp from one call to the next (recycled buffers, the state through
+    memory), bit for bit: float32, and bf16 products with the output as float32 or as bf16
+    words (the state handed over as words), on more heads than threads."""
     from sparse_patterns.kernels.cpu import bf16_applies, forward, forward_bf16
 
     pl = plan(sps.make(name, n, **params), mode="merged", block=32)
@@ -465,7 +452,6 @@ def test_pieces_by_head_change_nothing(name, n, params, bf, monkeypatch):
                 for a in forward_bf16(*w, pl, scale=0.125, words=words)]
 
     on = run()
-    monkeypatch.setattr(fw, "_BY_HEAD", False)
     off = run()
     for a, b in zip(on, off, strict=True):
         np.testing.assert_array_equal(a, b)
@@ -477,15 +463,12 @@ def test_pieces_by_head_change_nothing(name, n, params, bf, monkeypatch):
     ("local", 1024, {"window": 96}),  # the last block's next: none
     ("fixed", 999, {"stride": 64, "c": 8}),  # pieces run in pairs
 ])
-def test_prefetch_changes_nothing(name, n, params, mode, monkeypatch):
-    """The blocks used in place ask for the next block's rows (``_PREFETCH``), a hint:
-    the outputs match the oracle, and are bit for bit those without it, on the fused
-    32-token float32 path, a partial last block included."""
-    from sparse_patterns.kernels.cpu import _forward as fw
-
+def test_prefetching_forward_matches_the_oracle(name, n, params, mode):
+    """The blocks used in place ask for the next block's rows (software prefetch), a hint:
+    the outputs match the oracle, and are bit for bit the same from one call to the next,
+    on the fused 32-token float32 path, a partial last block included."""
     pat = sps.make(name, n, **params)
     on = check(pat, mode, np.float32, H=2, d=64, block=32, B=1)
-    monkeypatch.setattr(fw, "_PREFETCH", False)
     off = check(pat, mode, np.float32, H=2, d=64, block=32, B=1)
     for a, b in zip(on, off, strict=True):
         np.testing.assert_array_equal(a, b)
@@ -650,11 +633,10 @@ def test_backward_matches_dense_reference(mode, dtype, name, n, params, block):
     ("strided", 1000, {"stride": 40}),  # the last key block partial; residue work items
     ("fixed", 999, {"stride": 64, "c": 8}),  # long columns, in ranges of query blocks
 ])
-def test_backward_prefetch_changes_nothing(name, n, params, monkeypatch):
-    """The fused backward asks for the next key block's rows (``_PREFETCH``), a hint:
-    the gradients match the dense reference, and are bit for bit those without it."""
-    from sparse_patterns.kernels.cpu import _backward as bw
-
+def test_prefetching_backward_matches_the_reference(name, n, params):
+    """The fused backward asks for the next key block's rows (software prefetch), a hint:
+    the gradients match the dense reference, and are bit for bit the same from one call
+    to the next."""
     pat = sps.make(name, n, **params)
     q, k, v = qkv((1, 2, n, 64), np.float32)
     do = qkv((1, 2, n, 64), np.float32, seed=1)[0]
@@ -664,7 +646,6 @@ def test_backward_prefetch_changes_nothing(name, n, params, monkeypatch):
                               scale=1 / np.sqrt(64))
     for g, w in zip(on, want, strict=True):
         np.testing.assert_allclose(g, w, **TOL[np.float32])
-    monkeypatch.setattr(bw, "_PREFETCH", False)
     off = attention_backward(q, k, v, out, lse, do, pat, mode="merged", block=32)
     for a, b in zip(on, off, strict=True):
         np.testing.assert_array_equal(a, b)

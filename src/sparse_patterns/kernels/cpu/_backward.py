@@ -32,7 +32,7 @@ Two implementations of a key block share that frame:
   core's 2 FMA per cycle on data in L1; skipping 16-key halves that no row of a
   4-row group sees saves 3% (strided), rows set on first use 2%, non-temporal first
   ``dk``, ``dv`` writes 1-2%; software prefetch of the next key block's rows, asked
-  for at two points of the current one (:data:`_PREFETCH`), 3% (strided; an earlier
+  for at two points of the current one, 3% (strided; an earlier
   prefetch of the next rows, all at once, cost more than it saved; the next work
   item's q and dO rows, a share per key block, nothing). Chunks of 1, 2 or 4 tiles,
   and ``delta`` at first use, were slower (3 tiles
@@ -105,20 +105,13 @@ _CHUNK16 = 5
 #: Query blocks per pass of the key blocks over a head's rows (fused path, pieces without
 #: work items): 64 blocks of 32 rows are 512 KB of each of q, dO and dq at d = 64.
 _QRANGE = 64
-# software prefetch (prefetcht1) of the next key block's rows in the fused path, a hint
-# that changes no result (False: off, for A/B runs). Strided n = 16,384 (B=1, H=8, d=64,
-# merged; AMD Zen 5; one process, one plan, alternated, 5-6 rounds): float32 1.032x
-# (1.025-1.037), bf16 products 1.024x (0.964-1.071); fixed 0.992x (0.983-1.006) and 1.000x.
-# Each part alone, strided: keys and values 1.027x / 1.011x, query rows 1.008x / 1.014x.
-_PREFETCH = True
 
 
 @numba.njit(**_BLOCK)
 def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kp, n, p, J,
               scale, col_ptr, col_tile, tile_row, tile_mask, masks, ranges, chunk, kc, qc, doc,
               dqc, lc, dc, mbits, pbuf, sbuf, dkacc, dvacc, roff, rowsrc, rng, qnew,
-              knew, bf, dw, skeys, roffd, ilo,
-              ihi, pf, ring):  # pragma: no cover - compiled
+              knew, bf, dw, skeys, roffd, ilo, ihi, ring):  # pragma: no cover - compiled
     """Key block ``J`` of piece ``p`` for float32, 32-token tiles and ``d`` a multiple of
     16 (of 32 for bf16): the register-blocked passes of :mod:`._llvm_bwd` on chunks of ``chunk`` tiles.
 
@@ -145,8 +138,9 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kp, n
     ``vdpbf16ps`` (:func:`._llvm_bwd._dscores32_bf16` and the ``_bf16`` passes), ``P``
     and ``dS`` rounded to bf16 between them, ``dS`` by keys in ``skeys``; the
     gradients float32. ``roff`` then counts words, ``roffd`` the float32 ``dq`` rows.
-    Only the tiles of query blocks ``ilo <= I < ihi`` are taken. ``pf``: ask for the next
-    key block's rows (:data:`_PREFETCH`)."""
+    Only the tiles of query blocks ``ilo <= I < ihi`` are taken. While the block computes,
+    it asks for the next key block's rows (software prefetch, a hint that changes no
+    result)."""
     _wide()
     d = dq.shape[1]
     qf, dof, dqf = q2.reshape(q2.size), do2.reshape(do2.size), dq.reshape(dq.size)
@@ -190,11 +184,11 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kp, n
     _zero(dkacc, 0, 32 * d)
     _zero(dvacc, 0, 32 * d)
     alpha = np.float32(scale * _LOG2E)
-    # with ``pf``, the next key block's rows are asked for while this one computes: its
-    # keys and values now, the rows of its last tile's queries (q, dO and dq) after this
-    # block's first chunk (see _PREFETCH)
+    # the next key block's rows, asked for while this one computes: its keys and values
+    # now, the rows of its last tile's queries (q, dO and dq) after this block's first
+    # chunk
     nI = -1
-    if pf and J + 1 < nb and col_ptr[p * nb + J + 2] > col_ptr[p * nb + J + 1]:
+    if J + 1 < nb and col_ptr[p * nb + J + 2] > col_ptr[p * nb + J + 1]:
         kf, vf = k2.reshape(k2.size), v2.reshape(v2.size)
         for x in range(min(32, n - (J + 1) * 32)):
             src = kp[(J + 1) * 32 + x] * dw
@@ -339,8 +333,7 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kp, n
 def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group, qperm, kperm,
               col_ptr, col_tile, tile_row, tile_mask, masks, block, chunk, precise, fused,
               ranges, qstart, qstep, item_ptr, items, item_order, item_rows,
-              T, bf, qrange, pf, dq16, dk16, dv16,
-              porder):  # pragma: no cover - compiled
+              T, bf, qrange, dq16, dk16, dv16, porder):  # pragma: no cover - compiled
     """Every (batch, head) in parallel. A piece with work items (``items[item_ptr[p]:
     item_ptr[p + 1]]``, ranges of its blocks that its tiles do not leave, see
     :func:`_backward_items`) has each item's q, dO, k, v rows (``fused``: q and dO
@@ -352,8 +345,8 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
     chunk of tiles. ``T``: numba's thread count (one set of item buffers each).
     ``bf``: bf16 inputs as in :func:`_kblock32` (``q2, k2, v2, o2, do2``: words).
     ``qrange``: the fused path, over a piece's whole order, runs every key block on
-    query blocks ``[r0, r0 + qrange)`` before the next ``r0`` (0: all at once). ``pf``:
-    as in :func:`_kblock32`. ``dq16``, ``dk16``, ``dv16`` (bf16 inputs; empty: not
+    query blocks ``[r0, r0 + qrange)`` before the next ``r0`` (0: all at once).
+    ``dq16``, ``dk16``, ``dv16`` (bf16 inputs; empty: not
     taken): the gradients narrowed to bf16 words (flat), a head's rows as its last piece
     finishes them (:func:`._rows._narrow_rows`) or when it is done; ``dq``, ``dk``, ``dv``
     then hold ``T`` heads' rows, one for each thread, reused from head to head.
@@ -495,7 +488,7 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                                       col_ptr, col_tile, tile_row, tile_mask, masks, ranges,
                                       chunk, kc, qc, doc, dqc, lc, dc, mbits, sbuf, dpbuf, dkacc,
                                       dvacc, roff, rowsrc, rng, wqnew, knew, bf, dw, skeys, roffd,
-                                      r0, r0 + nr, pf, ring)
+                                      r0, r0 + nr, ring)
                         else:
                             _kblock(wq, wk, wv, wdo, wl1, wdl, wdq, wdk, wdv, wbase, n, p, wpp,
                                     J, scale, wqperm, wkperm, col_ptr, col_tile, tile_row,
@@ -577,7 +570,7 @@ def backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np
                   _CHUNK32 if fused else int(chunk), q.dtype == np.float64, fused, ranges,
                   *plan.memo("cpu.qsteps", lambda: _block_steps(plan.qperm, plan.block)),
                   *plan.memo("cpu.backward_items", lambda: _backward_items(plan)),
-                  numba.get_num_threads(), False, _QRANGE, _PREFETCH,
+                  numba.get_num_threads(), False, _QRANGE,
                   _NO_WORDS, _NO_WORDS, _NO_WORDS,
                   plan.memo("cpu.backward_order", lambda: _backward_order(plan)))
     return dq, dk, dv
@@ -644,7 +637,7 @@ def backward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, ls
                   plan.tile_mask, plan.masks, plan.block, _CHUNK16, False, True, ranges,
                   *plan.memo("cpu.qsteps", lambda: _block_steps(plan.qperm, plan.block)),
                   *plan.memo("cpu.backward_items", lambda: _backward_items(plan)),
-                  T, 2 if amx else 1, _QRANGE, _PREFETCH, *out,
+                  T, 2 if amx else 1, _QRANGE, *out,
                   plan.memo("cpu.backward_order", lambda: _backward_order(plan)))
     grads = out if words else (dq, dk, dv)
     return tuple(g.reshape(q.shape) for g in grads)

@@ -23,10 +23,9 @@ blocks and its summary keys) run block by block in one pass (:func:`_forward_pai
 so that a block's state passes from one to the other in the cache; pieces that neither
 pair nor reorder (strided's residue classes, then its window) run over every head at
 once, a thread taking a head through both (:func:`_forward_two`), a work item's state
-stored with non-temporal stores (head by head, where a head's
-rows fit ``_CHUNK_BYTES``, was the slower order when last measured; off by default).
-While a block or work item computes, it asks for the next one's rows (software
-prefetch, ``_PREFETCH``). Nothing of size ``n x n`` is ever allocated.
+stored with non-temporal stores. While a block or work item computes, it asks for the
+next one's rows (software prefetch, a hint that changes no result). Nothing of size
+``n x n`` is ever allocated.
 
 A query block's work is :mod:`._forward_block`'s (:func:`._forward_block._qblock`);
 this module holds the parallel loops that hand out the blocks, the order of the pieces
@@ -71,46 +70,9 @@ from ._schedule import (
 
 __all__ = ["forward", "forward_bf16"]
 
-# q, k, v and output bytes of the heads that the pieces of a softmax group run over before the next
-# heads (see _forward); 0: every head at once. Head by head (16 MB) measured faster for the strided
-# forward once (AMD Zen 5, 32 MB last-level cache, 2026-11-26 14:19), slower since: n = 16,384
-# (B=1, H=8, d=64), float32 median 28.3-30.5 against 29.4-31.0 ms, bf16 20.3-21.2 against
-# 22.7-25.0 (4 interleaved process pairs); on the Intel Xeon float32 1.09x the time (2026-11-28,
-# alternated in one process). The path stays (the tests run it) for a cache it suits.
-_CHUNK_BYTES = 0
-
-# software prefetch (prefetcht1, into L2), a hint that changes no result; False: off, for
-# A/B runs. Measured on the strided forward at n = 16,384 (B=1, H=8, d=64, merged; AMD
-# Zen 5; one process, one plan, the setting alternated, 6-8 rounds):
-# - a query block used in place (fused 32-token tiles, rows consecutive: the window)
-#   asks for the next block's query rows, state and newest keys and values, at three
-#   points of its own passes: float32 2.1-2.6% faster, bf16 products 5.6-6.7%; fixed
-#   unchanged (0.996x, 1.003x);
-# - a work item of a copied piece (the residue classes) asks for the next item's rows
-#   of q, k and v, a share before each of its query blocks: bf16 products a further
-#   8.2-8.8% faster (1.058-1.108x), float32 unchanged (0.996x-1.006x; asked for over
-#   only the item's last 1, 2 or 4 blocks instead: also unchanged, and bf16 less).
-# With AMX products (Intel Xeon, ABBA, 6 rounds): strided and fixed the same either way; its
-# float32 (2026-11-28): window (local 128) 0.92x the time without, strided 0.94x, 128-token
-# documents 0.91x, fixed 0.97x; every other line only, or 8 lines a 4 KiB page: 1.03-1.19x
-# the time of every line (as slow as none, or slower); two blocks ahead: 0.99-1.03x.
-_PREFETCH = True
-
-
-# strided's two pieces (its residue classes, then its window) head by head, each thread on
-# heads of its own (:func:`_forward_two`), instead of each piece over every head in a
-# parallel loop of its own; False: the latter, for A/B runs. The strided forward at
-# n = 16,384 (B=1, H=8, d=64; AMD Zen 4, 2026-11-28, ABBA in one process, 12 rounds):
-# bf16 products 1.019x faster (median 1.016x), float32 1.022x (median 0.993x: unchanged
-# within the noise); the threads' time waiting for each other (in libgomp) 5.1% of the
-# bf16 forward's samples before, 3.2% after. The state still goes through memory with
-# non-temporal stores: stored normally, for the window to read it from the cache, the bf16
-# forward was 1.2% slower; dynamic scheduling (chunks of one head) changed nothing
-_BY_HEAD = True
-
 
 @numba.njit(cache=True)
-def _item_buffers(n, block, chunk, d, T, span, seg, sw, nt, q1, o1, sws, kperm_used):  # pragma: no cover - compiled
+def _item_buffers(n, block, chunk, d, T, span, seg, sw, q1, o1, sws, kperm_used):  # pragma: no cover - compiled
     """What the work items of a piece (:func:`_piece_item`) share, allocated once a call:
     the identity orders of a copying item's buffers, each thread's buffers (on cache lines,
     not per work item; each thread's slices too where ``block`` is a multiple of 16), those
@@ -126,26 +88,25 @@ def _item_buffers(n, block, chunk, d, T, span, seg, sw, nt, q1, o1, sws, kperm_u
     wkl = _aligned(T * 2 * nkl * d, q1).reshape((T, 2, nkl * d))
     wol = _aligned(T * nql * d, q1).reshape((T, nql * d))
     wml = _aligned(T * 2 * nql, q1).reshape((T, 2, nql))
-    # a work item's state goes back to rows of ``o1`` scattered in runs of a few: with
-    # ``nt`` (every head in one call: the next piece reads the state from memory either
-    # way), where each row is whole cache lines, stored without reading them first (the
-    # strided forward at n = 16,384 2.3% faster, A/B)
-    whole_lines = nt and (d * o1.itemsize) % 64 == 0 and o1.ctypes.data % 64 == 0
+    # a work item's state goes back to rows of ``o1`` scattered in runs of a few, which
+    # the next piece reads from memory either way: where each row is whole cache lines,
+    # stored without reading them first (non-temporal stores)
+    whole_lines = (d * o1.itemsize) % 64 == 0 and o1.ctypes.data % 64 == 0
     dpad = (d + 31) // 32 * 32
     wsw = _aligned(T * dpad if sw == 1 else 0, sws)  # each thread's scratch row of words
     if sw == 1:
-        whole_lines = nt and (d * sws.itemsize) % 64 == 0 and sws.ctypes.data % 64 == 0
+        whole_lines = (d * sws.itemsize) % 64 == 0 and sws.ctypes.data % 64 == 0
     return bufs, (local, lstart, lstep, wkl, wol, wml, wsw, whole_lines)
 
 
 @numba.njit(**_BLOCK)
 def _piece_item(w, wend, bh, q1, k1, v1, o1, ow, m1, l1, n, nb, nseg, d, dw, bf, scale, p, first,
                 last, qperm, kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col,
-                tile_mask, masks, maskt, ranges, fused, pf, block, chunk, seg, precise, sw, sws,
-                bufs, own, tid):  # pragma: no cover - compiled
+                tile_mask, masks, maskt, ranges, fused, block, chunk, seg, precise, sw, sws, bufs,
+                own, tid):  # pragma: no cover - compiled
     """Work item ``w`` of piece ``p`` (:func:`_forward_piece`) on (batch x head) ``bh``, by
-    thread ``tid`` with its buffers (``own``: :func:`_item_buffers`); with ``pf``, it asks for
-    item ``w + 1``'s rows where ``w + 1 < wend``."""
+    thread ``tid`` with its buffers (``own``: :func:`_item_buffers`); it asks for item
+    ``w + 1``'s rows where ``w + 1 < wend``."""
     local, lstart, lstep, wkl, wol, wml, wsw, whole_lines = own
     qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff = _views(bufs, tid)
     I0 = (w % nseg) * seg
@@ -175,10 +136,10 @@ def _piece_item(w, wend, bh, q1, k1, v1, o1, ow, m1, l1, n, nb, nseg, d, dw, bf,
                 _copy(ol, (y - y0) * d, o1, i * d, d)
                 ml[y - y0] = m1[i]
                 ll[y - y0] = l1[i]
-        # with ``pf``, the next work item's rows of q, k and v, asked for into L2 a
-        # share at a time over this one's query blocks (see _PREFETCH)
+        # the next work item's rows of q, k and v, asked for into L2 (software prefetch,
+        # a hint) a share at a time over this one's query blocks
         w2 = w + 1
-        pf_on = pf and w2 < wend
+        pf_on = w2 < wend
         it2 = w2 % nseg
         base2 = (bh + w2 // nseg - w // nseg) * n
         for I in range(I0, I1):
@@ -217,18 +178,18 @@ def _piece_item(w, wend, bh, q1, k1, v1, o1, ow, m1, l1, n, nb, nseg, d, dw, bf,
         for I in range(I0, I1):
             _qblock(q1, base, qperm[p], k1, v1, o1, ow, m1, l1, base, base, n, d, dw, bf, p, I,
                     scale, first, last, qperm[p], kperm_used, kstart, kstep, tile_ptr,
-                    tile_col, tile_mask, masks, maskt, ranges, fused, pf, block, chunk, precise,
+                    tile_col, tile_mask, masks, maskt, ranges, fused, True, block, chunk, precise,
                     qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff,
                     sw == 2, sws)
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
-def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G, g, p, first,
-                   last, qperm, kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col,
-                   tile_mask, masks, maskt, ranges, fused, pf, block, chunk, seg, precise, nt, T,
-                   sw, sws):  # pragma: no cover - compiled
-    """Piece ``p`` (softmax group ``g``) of every (batch, head) ``bh0 <= bh < bh1`` whose
-    group is ``g``.
+def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, H, d, dw, bf, scale, G, g, p, first, last,
+                   qperm, kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col, tile_mask,
+                   masks, maskt, ranges, fused, block, chunk, seg, precise, T, sw,
+                   sws):  # pragma: no cover - compiled
+    """Piece ``p`` (softmax group ``g``) of every (batch, head) ``bh < BH`` whose group is
+    ``g``.
 
     ``span > 0``: the key blocks of a work item's tiles lie within ``span``
     consecutive blocks of the piece's order; each work item then copies those key
@@ -238,7 +199,7 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
     :func:`_copy_orders`) lists, per work item, the positions to copy in the order that
     moves rows fastest. ``dw, bf`` and ``ow`` (the output's bf16 words, written where the
     piece is ``last``): as in :func:`._forward_block._qblock`.
-    ``nt``: a work item stores its state back with non-temporal stores. ``sw`` (bf16
+    A work item stores its state back with non-temporal stores. ``sw`` (bf16
     inputs, a piece whose state the next one reads from memory; see :func:`_forward`): 1,
     a work item stores its state's output rows as bf16 words to ``sws`` instead of
     ``o1``; 2, the blocks read them from there."""
@@ -246,56 +207,56 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale
     n = m1.shape[0] // BH
     nb = (n + block - 1) // block
     nseg = (nb + seg - 1) // seg  # work items: (batch x head, run of `seg` query blocks)
-    bufs, own = _item_buffers(n, block, chunk, d, T, span, seg, sw, nt, q1, o1, sws, kperm_used)
-    for w in prange((bh1 - bh0) * nseg):
-        bh = bh0 + w // nseg
+    bufs, own = _item_buffers(n, block, chunk, d, T, span, seg, sw, q1, o1, sws, kperm_used)
+    for w in prange(BH * nseg):
+        bh = w // nseg
         if (bh % H) % G != g:
             continue
-        _piece_item(w, (bh1 - bh0) * nseg, bh, q1, k1, v1, o1, ow, m1, l1, n, nb, nseg, d, dw,
-                    bf, scale, p, first, last, qperm, kperm_used, kstart, kstep, span, copies,
-                    tile_ptr, tile_col, tile_mask, masks, maskt, ranges, fused, pf, block, chunk,
-                    seg, precise, sw, sws, bufs, own, numba.get_thread_id())
+        _piece_item(w, BH * nseg, bh, q1, k1, v1, o1, ow, m1, l1, n, nb, nseg, d, dw, bf, scale,
+                    p, first, last, qperm, kperm_used, kstart, kstep, span, copies, tile_ptr,
+                    tile_col, tile_mask, masks, maskt, ranges, fused, block, chunk, seg, precise,
+                    sw, sws, bufs, own, numba.get_thread_id())
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
-def _forward_two(q1, k1, v1, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G, g, pa, pb,
-                 qperm, kpa, kta, ksa, span, copies, sega, kpb, ktb, ksb, segb, tile_ptr,
-                 tile_col, tile_mask, masks, maskt, ranges, fused, pf, block, chunk, precise, T,
-                 swa, swb, sws):  # pragma: no cover - compiled
+def _forward_two(q1, k1, v1, o1, ow, m1, l1, BH, H, d, dw, bf, scale, G, g, pa, pb, qperm, kpa,
+                 kta, ksa, span, copies, sega, kpb, ktb, ksb, segb, tile_ptr, tile_col,
+                 tile_mask, masks, maskt, ranges, fused, block, chunk, precise, T, swa, swb,
+                 sws):  # pragma: no cover - compiled
     """The two pieces ``pa`` (copied: ``span > 0``; it starts the group) then ``pb`` (in
     place; it ends it) of softmax group ``g``, head by head: a thread runs every work item of
     ``pa`` on one (batch, head), then those of ``pb``, what two :func:`_forward_piece` calls
-    compute, without the threads waiting for each other between the pieces (``_BY_HEAD``).
+    compute, without the threads waiting for each other between the pieces.
     ``kpa, kta, ksa, sega`` (``kpb, ktb, ksb, segb``): ``pa``'s (``pb``'s) ``kperm_used,
     kstart, kstep`` and query blocks a work item; ``span, copies``: ``pa``'s; ``swa, swb``:
     the pieces' ``sw``. ``pa`` stores its state with non-temporal stores, as
-    :func:`_forward_piece` with ``nt`` does."""
+    :func:`_forward_piece` does."""
     _wide()
     n = m1.shape[0] // BH
     nb = (n + block - 1) // block
     na = (nb + sega - 1) // sega
     nbb = (nb + segb - 1) // segb
-    bufs, own = _item_buffers(n, block, chunk, d, T, span, sega, swa, True, q1, o1, sws, kpa)
-    for bh in prange(bh0, bh1):
+    bufs, own = _item_buffers(n, block, chunk, d, T, span, sega, swa, q1, o1, sws, kpa)
+    for bh in prange(BH):
         if (bh % H) % G != g:
             continue
         tid = numba.get_thread_id()
         for it in range(na):
             _piece_item(it, na, bh, q1, k1, v1, o1, ow, m1, l1, n, nb, na, d, dw, bf, scale, pa,
                         True, False, qperm, kpa, kta, ksa, span, copies, tile_ptr, tile_col,
-                        tile_mask, masks, maskt, ranges, fused, pf, block, chunk, sega, precise,
+                        tile_mask, masks, maskt, ranges, fused, block, chunk, sega, precise,
                         swa, sws, bufs, own, tid)
         for it in range(nbb):
             _piece_item(it, nbb, bh, q1, k1, v1, o1, ow, m1, l1, n, nb, nbb, d, dw, bf, scale, pb,
                         False, True, qperm, kpb, ktb, ksb, 0, copies, tile_ptr, tile_col,
-                        tile_mask, masks, maskt, ranges, fused, pf, block, chunk, segb, precise,
+                        tile_mask, masks, maskt, ranges, fused, block, chunk, segb, precise,
                         swb, sws, bufs, own, tid)
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
-def _forward_pair(q1, ka, va, kb, vb, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
-                  g, pa, pb, first, last, qperm, kpa, kta, ksa, kpb, ktb, ksb, tile_ptr, tile_col,
-                  tile_mask, masks, maskt, ranges, fused, pf, block, chunk, seg, precise, T):  # pragma: no cover - compiled
+def _forward_pair(q1, ka, va, kb, vb, o1, ow, m1, l1, BH, H, d, dw, bf, scale, G, g, pa, pb,
+                  first, last, qperm, kpa, kta, ksa, kpb, ktb, ksb, tile_ptr, tile_col, tile_mask,
+                  masks, maskt, ranges, fused, block, chunk, seg, precise, T):  # pragma: no cover - compiled
     """Pieces ``pa`` then ``pb`` of softmax group ``g``, one after the other on each
     query block, for two pieces with the same query order that copy nothing: what two
     :func:`_forward_piece` calls compute, but a block's state (its rows of ``o1``,
@@ -309,8 +270,8 @@ def _forward_pair(q1, ka, va, kb, vb, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf
     nb = (n + block - 1) // block
     nseg = (nb + seg - 1) // seg
     bufs = _thread_buffers(T, block, chunk, d, q1)
-    for w in prange((bh1 - bh0) * nseg):
-        bh = bh0 + w // nseg
+    for w in prange(BH * nseg):
+        bh = w // nseg
         if (bh % H) % G != g:
             continue
         own = _views(bufs, numba.get_thread_id())
@@ -318,10 +279,10 @@ def _forward_pair(q1, ka, va, kb, vb, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf
         for I in range((w % nseg) * seg, min(nb, (w % nseg + 1) * seg)):
             _qblock(q1, base, qperm[pa], ka, va, o1, ow, m1, l1, base, base, n, d, dw, bf, pa, I,
                     scale, first, False, qperm[pa], kpa, kta, ksa, tile_ptr, tile_col, tile_mask,
-                    masks, maskt, ranges, fused, pf, block, chunk, precise, *own, False, ow[:0])
+                    masks, maskt, ranges, fused, True, block, chunk, precise, *own, False, ow[:0])
             _qblock(q1, base, qperm[pb], kb, vb, o1, ow, m1, l1, base, base, n, d, dw, bf, pb, I,
                     scale, False, last, qperm[pb], kpb, ktb, ksb, tile_ptr, tile_col, tile_mask,
-                    masks, maskt, ranges, fused, pf, block, chunk, precise, *own, False, ow[:0])
+                    masks, maskt, ranges, fused, True, block, chunk, precise, *own, False, ow[:0])
 
 
 def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=False,
@@ -361,16 +322,6 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
               if fused else _NO_RANGES)
     rows = 2 * _LOCAL_ROWS if bf else _LOCAL_ROWS  # a copying item's queries (bf16: half the bytes)
     steps = plan.memo(("cpu.forward", seg, rows), lambda: _forward_steps(plan, seg, rows))
-    # with _CHUNK_BYTES > 0 (0, the default: every head at once), a group of several
-    # pieces, none reordered (strided: its residue classes, then the window): all of
-    # them on a few heads (``hc``), then on the next ones, so that the
-    # state one piece leaves in ``o1`` and the rows of q, k, v that the next one reads
-    # again come from the last-level cache, not memory; the state is then stored
-    # normally, not with non-temporal stores (which send it to memory)
-    hc = BH
-    if len(set(groups)) < len(steps) and all(st[5] is None for st in steps):
-        hc = _CHUNK_BYTES // (4 * n * d * o1.itemsize)
-        hc = BH if hc < 1 else min(BH, hc)  # a head larger than the cache: all at once
     T = numba.get_num_threads()
     sw = _state_words(steps, groups) if bf else [0] * len(steps)
     sws = (ow if ow.size else _buffer((o1.size,), np.uint16)) if 1 in sw else ow[:0]
@@ -378,50 +329,45 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
     # (so neither reordered nor paired), the second in place (strided's residue classes,
     # then its window), every head at once: a thread takes a head through both
     a, b = steps if len(steps) == 2 else (None, None)
-    if (_BY_HEAD and hc == BH and a is not None and groups[a[0]] == groups[b[0]] and a[3] > 0
-            and b[3] == 0 and b[5] is None):
-        _forward_two(q1, k1, v1, o1, ow, m1, l1, BH, 0, BH, H, d, dw, bf, scale, G, groups[a[0]],
-                     a[0], b[0], plan.qperm, a[8], a[6], a[7], a[3], a[9], a[4], b[8], b[6], b[7],
-                     b[4], plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks, maskt,
-                     ranges, fused, _PREFETCH, block, chunk, precise, T, sw[0], sw[1],
-                     sws)
+    if (a is not None and groups[a[0]] == groups[b[0]] and a[3] > 0 and b[3] == 0
+            and b[5] is None):
+        _forward_two(q1, k1, v1, o1, ow, m1, l1, BH, H, d, dw, bf, scale, G, groups[a[0]], a[0],
+                     b[0], plan.qperm, a[8], a[6], a[7], a[3], a[9], a[4], b[8], b[6], b[7], b[4],
+                     plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks, maskt, ranges,
+                     fused, block, chunk, precise, T, sw[0], sw[1], sws)
         return
-    for bh0 in range(0, BH, hc):
-        bh1 = min(BH, bh0 + hc)
-        pending = None  # a piece held back to run together with the next one (_forward_pair)
-        for x, (p, first, last, span, items, reorder, kt, ks, kperm_used, copies,
-                pair) in enumerate(steps):
-            kq, vq = k1, v1
-            if reorder is not None:  # the used key blocks put in the piece's order (hc = BH)
-                if kp1 is None:  # one buffer pair reused by the pieces
-                    kp1, vp1 = _buffer(k1.shape, k1.dtype), _buffer(v1.shape, v1.dtype)
-                s, rows = reorder
-                if s > 0:
-                    _permute_residue(k1, s, BH, n, dw, kp1)
-                else:
-                    _permute_rows(k1, plan.kperm, p, BH, rows, dw, kp1)
-                if s > 0:
-                    _permute_residue(v1, s, BH, n, dw, vp1)
-                else:
-                    _permute_rows(v1, plan.kperm, p, BH, rows, dw, vp1)
-                kq, vq = kp1, vp1
-            if pair:
-                pending = (p, first, kperm_used, kt, ks, kq, vq)
-                continue
-            if pending is not None:
-                pa, pfirst, kpa, kta, ksa, ka, va = pending
-                pending = None
-                _forward_pair(q1, ka, va, kq, vq, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw,
-                              bf, scale, G, groups[p], pa, p, pfirst, last, plan.qperm, kpa,
-                              kta, ksa, kperm_used, kt, ks, plan.tile_ptr, plan.tile_col,
-                              plan.tile_mask, plan.masks, maskt, ranges, fused, _PREFETCH, block,
-                              chunk, items, precise, T)
-                continue
-            _forward_piece(q1, kq, vq, o1, ow, m1, l1, BH, bh0, bh1, H, d, dw, bf, scale, G,
-                           groups[p], p, first, last, plan.qperm, kperm_used, kt, ks, span,
-                           copies, plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks,
-                           maskt, ranges, fused, _PREFETCH, block, chunk, items, precise, hc == BH,
-                           T, sw[x], sws)
+    pending = None  # a piece held back to run together with the next one (_forward_pair)
+    for x, (p, first, last, span, items, reorder, kt, ks, kperm_used, copies,
+            pair) in enumerate(steps):
+        kq, vq = k1, v1
+        if reorder is not None:  # the used key blocks put in the piece's order
+            if kp1 is None:  # one buffer pair reused by the pieces
+                kp1, vp1 = _buffer(k1.shape, k1.dtype), _buffer(v1.shape, v1.dtype)
+            s, rows = reorder
+            if s > 0:
+                _permute_residue(k1, s, BH, n, dw, kp1)
+            else:
+                _permute_rows(k1, plan.kperm, p, BH, rows, dw, kp1)
+            if s > 0:
+                _permute_residue(v1, s, BH, n, dw, vp1)
+            else:
+                _permute_rows(v1, plan.kperm, p, BH, rows, dw, vp1)
+            kq, vq = kp1, vp1
+        if pair:
+            pending = (p, first, kperm_used, kt, ks, kq, vq)
+            continue
+        if pending is not None:
+            pa, pfirst, kpa, kta, ksa, ka, va = pending
+            pending = None
+            _forward_pair(q1, ka, va, kq, vq, o1, ow, m1, l1, BH, H, d, dw, bf, scale, G,
+                          groups[p], pa, p, pfirst, last, plan.qperm, kpa, kta, ksa, kperm_used,
+                          kt, ks, plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks, maskt,
+                          ranges, fused, block, chunk, items, precise, T)
+            continue
+        _forward_piece(q1, kq, vq, o1, ow, m1, l1, BH, H, d, dw, bf, scale, G, groups[p], p,
+                       first, last, plan.qperm, kperm_used, kt, ks, span, copies, plan.tile_ptr,
+                       plan.tile_col, plan.tile_mask, plan.masks, maskt, ranges, fused, block,
+                       chunk, items, precise, T, sw[x], sws)
 
 
 def forward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,

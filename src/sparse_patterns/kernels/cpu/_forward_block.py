@@ -65,7 +65,7 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
     :func:`._forward.forward_bf16`) ``d / 2`` float32 words each holding two bf16 (``P V`` pairs
     value rows in registers). Every chunk of a bf16 block is whole 32-token tiles (see
     :func:`._bf16.bf16_applies`). ``pf``: a block used in place asks for the
-    next block's rows (:data:`._forward._PREFETCH`). ``ow`` not empty (with ``last``): the output
+    next block's rows (software prefetch, a hint that changes no result). ``ow`` not empty (with ``last``): the output
     rows go there as bf16 words, row ``i`` at ``ow[i*d]``, and not to ``o1``. ``swin``:
     the state's output rows come as bf16 words from ``sws`` (row ``i`` at ``sws[i*d]``),
     not from ``o1`` (see :func:`._forward._forward_piece`)."""
@@ -153,7 +153,7 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
     # with ``pf``, a block in place asks for the next block's rows (of a piece in token
     # order: the window's) while it computes, in three parts spread over the block: its
     # query rows now, its state after the scores, its last tile's keys and values after
-    # P V (see _PREFETCH)
+    # P V
     nq, nrows = -1, 0  # the next block's first row and its rows
     if pf and inplace and I + 1 < nb:
         nq = base + qmap[x0 + block]
