@@ -5,10 +5,8 @@
 
 AMX (AMX-TILE, AMX-BF16: Intel Xeon from Sapphire Rapids on) multiplies a tile of
 16 rows x 32 bf16 by one of 16 rows of bf16 pairs into 16 x 16 float32 sums in one
-``tdpbf16ps``: 512 products summed by pairs where ``vdpbf16ps`` does 32. On the Intel
-Xeon of 2026-11-27 (two cores of a virtual machine) torch's bf16 ``matmul`` (oneDNN,
-AMX) reached 2,001 GFLOP/s against 374 for float32, and ``vdpbf16ps`` half the float32
-FMA peak; so the bf16 products of the forward and the backward go to AMX where it is.
+``tdpbf16ps``: 512 products summed by pairs where ``vdpbf16ps`` does 32; so the bf16
+products of the forward and the backward go to AMX where it is.
 
 A process must ask Linux for the tiles' register state before its first tile
 instruction (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``: without it the
@@ -16,8 +14,8 @@ instruction is a ``SIGILL``): :func:`amx_here` asks once. Every pass loads the t
 configuration (all eight tiles 16 rows x 64 bytes, :func:`_tiles_begin`) and releases
 the tiles at its end (:func:`_tiles_end`), so that no state outlives it: the passes
 that always run one after the other share one (the forward's scores and ``P V``, the
-backward's three of a chunk); loading the configuration costs about 47 ns here, against
-4-5 us a query block of the bf16 forward.
+backward's three of a chunk); loading the configuration is cheap next to a query
+block's work.
 """
 
 from __future__ import annotations

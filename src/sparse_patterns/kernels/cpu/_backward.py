@@ -24,34 +24,20 @@ Two implementations of a key block share that frame:
   a table of row offsets where a tile's block is a run of 32 consecutive rows, else
   gathered (zero rows pad the last block); keys and values are read, and ``dk``,
   ``dv`` written, in their rows (a work item copies only q and dO). No BLAS call.
-  Gradient rows are set on first use instead of zeroed first.
-
-  Measured (A/B interleaved, n = 16,384, H = 8, merged): 2.7x (strided l = 128) and
-  2.6x (fixed l = 128, c = 16) the forward with a ``gemm`` per chunk, 2.3x fused.
-  The passes run at about 1.85 (``S``, ``dP``: 1.7 with the exponentials) of the
-  core's 2 FMA per cycle on data in L1; skipping 16-key halves that no row of a
-  4-row group sees saves 3% (strided), rows set on first use 2%, non-temporal first
-  ``dk``, ``dv`` writes 1-2%; software prefetch of the next key block's rows, asked
-  for at two points of the current one, 3% (strided; an earlier
-  prefetch of the next rows, all at once, cost more than it saved; the next work
-  item's q and dO rows, a share per key block, nothing). Chunks of 1, 2 or 4 tiles,
-  and ``delta`` at first use, were slower (3 tiles
-  against 2: fixed 3% faster, strided the same, one process alternating the two).
-  Key blocks take the query blocks 64 at a time (``_QRANGE``: 512 KB of each of q, dO,
-  dq at d = 64), all key blocks for the first 64, then the next: a long column (fixed's
-  summary keys) otherwise streams a head's 12 MB of rows once per key block. Fixed, AMD
-  Zen 5: 128 at a time 230 ms, all at once 252 (bf16 145, 173); 64 against 128 on an
-  Intel Xeon (2 MB of L2 a core; ABBA, 8 rounds): fixed 1.014x, bf16 products 1.070x
-  (1.052-1.080), strided 1.023x and 0.991x; 32 the same as 64.
+  Gradient rows are set on first use instead of zeroed first, the first ``dk``, ``dv``
+  writes are non-temporal, and 16-key halves that no row of a 4-row group sees are
+  skipped. While a key block computes it asks for the next one's rows (software
+  prefetch, at two points of the block). Key blocks take the query blocks 64 at a time
+  (``_QRANGE``: 512 KB of each of q, dO, dq at d = 64), all key blocks for the first 64,
+  then the next: a long column (fixed's summary keys) otherwise streams a head's rows
+  once per key block.
 * bf16 inputs where :func:`._bf16.bf16_applies` (:func:`backward_bf16`): the fused
   path on bf16 products, the ``_bf16`` passes of :mod:`._llvm_bwd` (``P`` and ``dS``
   rounded to bf16 between them, the rows of ``q`` and ``dO`` that ``dV`` and ``dK`` sum
   over interleaved by pairs in registers, the gradients rounded to bf16 as the head
-  finishes them; 5 tiles a chunk); strided 1.5-1.6x and fixed 1.7-1.8x the float32
-  backward (n = 16,384, AMD Zen 5); where :func:`._bf16.amx_applies`, the products by
+  finishes them; 5 tiles a chunk); where :func:`._bf16.amx_applies`, the products by
   AMX (the ``_amx`` passes: ``P``, ``dS`` and the rows of ``dO`` and ``Q`` put in
-  ``tdpbf16ps``'s operand layouts per chunk), strided 1.8x and fixed 2.2x the float32
-  backward (n = 16,384, an Intel Xeon with AMX, where ``vdpbf16ps`` is slower).
+  ``tdpbf16ps``'s operand layouts per chunk).
 * anything else (float64, the exact path that gradcheck uses; other tile sizes;
   other ``d``): :func:`._backward_blas._kblock`, BLAS ``?gemm`` per chunk of tiles
   (:mod:`._blas`) with the probabilities recomputed between the calls.
@@ -98,9 +84,7 @@ __all__ = ["backward", "backward_bf16"]
 
 _CHUNK32 = 3  # tiles per chunk of the fused float32 path (P and dS, 24 KB, in L1)
 # ... of bf16 products (P and dS rounded to bf16: 5 tiles in 20 KB), which takes a strided
-# window's whole key block (5 tiles) in one chunk. n = 16,384, H = 8, merged, one process,
-# alternated (AMD Zen 5): bf16 strided 3.5-4% faster than 3 (10-14 rounds, three runs; 6
-# and 8 the same as 5), fixed 2%; float32 strided the same with 5, fixed 1.5% slower
+# window's whole key block (5 tiles) in one chunk
 _CHUNK16 = 5
 #: Query blocks per pass of the key blocks over a head's rows (fused path, pieces without
 #: work items): 64 blocks of 32 rows are 512 KB of each of q, dO and dq at d = 64.
@@ -307,7 +291,7 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kp, n
                         for c in range(d):
                             grow[c] += lrow[c]
     # a row's first write goes straight to memory where rows are whole cache lines (the
-    # next piece that adds to it reads it from memory either way): 1-2% (A/B, n = 16,384)
+    # next piece that adds to it reads it from memory either way)
     whole = (d * dk.itemsize) % 64 == 0 and dk.ctypes.data % 64 == 0 and dv.ctypes.data % 64 == 0
     dkf, dvf = dk.reshape(dk.size), dv.reshape(dv.size)
     for x in range(cols):
@@ -593,11 +577,8 @@ def backward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, ls
     rows that its thread reuses from head to head and rounded (to nearest even) as the
     head's last piece finishes them, else when the head is done; no float32 gradient of
     the whole call is kept. The words equal :func:`._convert.narrow` of the float32
-    gradients. Strided l = 512 at n = 2**18 (B = 1, H = 8, d = 64; AMD Zen 5): the peak
-    RSS grew by 923 MB against 2,076 (768 MB are the words), a first call (fresh pages)
-    took 2.0 s against 4.2-4.6. Rows rounded as the window piece (last) finishes each
-    range of query blocks, in the cache, instead of all at the head's end: strided
-    l = 128, n = 16,384, min 42.8-43.5 against 43.9-45.1 ms (3 process pairs).
+    gradients. The window piece (last) rounds the rows as it finishes each range of query
+    blocks, while they are in the cache, instead of all at the head's end.
 
     Returns
     -------

@@ -71,10 +71,10 @@ def bf16_applies(plan, d: int) -> bool:
     It needs a CPU with AVX512_BF16, 32-token tiles (``plan.block == 32``), ``n`` and
     ``d`` multiples of 32, and, unless ``SPARSE_PATTERNS_BF16=products``, a
     ``vdpbf16ps`` peak at least 1.3x the float32 FMA peak, measured once per process
-    on one core (:func:`._peak.fma_peak`, about 0.4 s): 1.9x on an AMD Zen 5, 0.5x on
-    an Intel Xeon (Emerald Rapids), where widening is faster. ``vdpbf16ps`` and the
-    conversions to bf16 flush subnormal inputs and results to zero (whatever the
-    MXCSR says): products below float32's normal range (about 1e-38) come out 0.
+    on one core (:func:`._peak.fma_peak`, about 0.4 s); below it, widening is faster.
+    ``vdpbf16ps`` and the conversions to bf16 flush subnormal inputs and results to zero
+    (whatever the MXCSR says): products below float32's normal range (about 1e-38) come
+    out 0.
 
     Examples
     --------

@@ -3,13 +3,13 @@ on flat arrays from inside ``@njit`` code, :func:`single_threaded_blas` holds ev
 loaded OpenBLAS to one thread while the kernel's own threads call it, and
 :func:`_threads_for` sizes numba's thread pool to the problem.
 
-What decides the speed of the matrix products (measured, A/B in one process): they
-call BLAS ``?gemm`` directly (numba's own entry point, the one ``np.dot`` uses) with
-leading dimensions, scale and ``beta``, in the ``NN``/``NT`` forms that OpenBLAS's
-small-matrix kernels run fastest (a ``TN`` score product was 1.5x slower; rows
-32 KB apart, as a stride-128 head's keys are in natural order, 2-3x slower: hence
-the copies of :mod:`._forward` and :mod:`._backward`), with the BLAS library held
-to one thread while the kernel runs, since every kernel thread calls it.
+What decides the speed of the matrix products: they call BLAS ``?gemm`` directly
+(numba's own entry point, the one ``np.dot`` uses) with leading dimensions, scale and
+``beta``, in the ``NN``/``NT`` forms that OpenBLAS's small-matrix kernels run fastest,
+on rows that lie close together (rows 32 KB apart, as a stride-128 head's keys are in
+natural order, are slow: hence the copies of :mod:`._forward` and :mod:`._backward`),
+with the BLAS library held to one thread while the kernel runs, since every kernel
+thread calls it.
 """
 
 from __future__ import annotations

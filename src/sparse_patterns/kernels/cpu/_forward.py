@@ -116,7 +116,7 @@ def _piece_item(w, wend, bh, q1, k1, v1, o1, ow, m1, l1, n, nb, nseg, d, dw, bf,
         # this work item's keys, values and softmax state, copied into buffers of its
         # own (one array at a time: see _copy_orders); its query rows are transposed
         # into Q^T from where they are, block by block (each row is read once either
-        # way; copied first, the strided forward at n = 16,384 was about 1% slower)
+        # way: a copy first would only add a pass)
         kx0, kptr, korder, qptr, qorder = copies
         it = w % nseg
         roff[block + chunk:] = -1  # the ring's tiles: vl gets new rows
@@ -297,11 +297,8 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
     later (strided's residue classes, then its window; :func:`._schedule._state_words`),
     hands over its rows of the unnormalized output as bf16 words, in ``ow`` itself where
     the output is words: half the bytes through memory, for one more rounding to bf16 of
-    that partial sum. The strided bf16 forward at n = 16,384 (B=1, H=8, d=64, AMX, Intel
-    Xeon) 1.066x faster (1.051-1.104x, ABBA in one process, 10 rounds): its window piece
-    1.4 ms faster, the residue piece the same, its rows stored whole from a scratch row
-    (rounded straight into their lines, which are then read first, it was 1.4-2.1 ms
-    slower)."""
+    that partial sum. The rows are rounded in a scratch row and stored whole, so that
+    their lines are not read first."""
     ensure_blas()
     ow = np.empty(0, np.uint16) if ow is None else ow
     n, G, block = plan.n, plan.num_groups, plan.block
@@ -377,17 +374,14 @@ def forward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: fl
     words (C-contiguous ``int16`` or ``uint16`` ``(B, H, n, d)`` arrays) where
     :func:`._bf16.amx_applies` or :func:`._bf16.bf16_applies`. Scores and ``P V`` are
     ``vdpbf16ps`` or, with ``amx`` (None: where :func:`._bf16.amx_applies`), AMX's
-    (:mod:`._amx`; on an Intel Xeon with AMX the strided and fixed forwards 1.8x and 2.5x
-    the float32 ones, ``vdpbf16ps`` 0.7x): pairs of bf16 products summed in float32, the
+    (:mod:`._amx`): pairs of bf16 products summed in float32, the
     probabilities rounded to bf16 before ``P V`` (as FlashAttention does); the softmax
     statistics, the accumulation and the outputs are float32 (except the partial output
     that a softmax group's pieces hand on through memory, strided's from its residue
     classes to its window: rounded to bf16 once, see :func:`_forward`), or with ``words`` the
     output rounded to bf16 as each block finishes: the last piece keeps a block's rows in
     its thread's scratch rows and rounds them from there, and never writes the float32
-    rows (strided l = 128, n = 16,384, B = 1, H = 8 on an AMD Zen 5: 16.6-17.4 ms against
-    17.7-18.4 where the rows went through the float32 output, and 18.5-18.6 with
-    :func:`._convert.narrow` after; fixed the same).
+    rows (faster than rows through the float32 output, or :func:`._convert.narrow` after).
 
     Returns
     -------

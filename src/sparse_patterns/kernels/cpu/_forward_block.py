@@ -6,8 +6,7 @@ A block reads its rows where they lie or from a work item's buffers, transposes 
 queries into ``Q^T``, runs the fused 32-token passes of :mod:`._llvm_fwd` (or BLAS and
 :mod:`._softmax` on other tiles) chunk by chunk, keeps the running max and sum of each
 row, and leaves the state in the rows of ``o1``, ``m1``, ``l1`` (or the output, from the
-group's last piece). Measured effects of its choices (prefetch, rows kept in place, the
-output as bf16 words) are in :mod:`._forward`'s notes and in the docstrings here.
+group's last piece).
 """
 
 from __future__ import annotations
@@ -64,11 +63,11 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
     A row of ``q1, k1, v1`` is ``dw`` elements: ``d``, or with ``bf`` (bf16 inputs,
     :func:`._forward.forward_bf16`) ``d / 2`` float32 words each holding two bf16 (``P V`` pairs
     value rows in registers). Every chunk of a bf16 block is whole 32-token tiles (see
-    :func:`._bf16.bf16_applies`). ``pf``: a block used in place asks for the
-    next block's rows (software prefetch, a hint that changes no result). ``ow`` not empty (with ``last``): the output
-    rows go there as bf16 words, row ``i`` at ``ow[i*d]``, and not to ``o1``. ``swin``:
-    the state's output rows come as bf16 words from ``sws`` (row ``i`` at ``sws[i*d]``),
-    not from ``o1`` (see :func:`._forward._forward_piece`)."""
+    :func:`._bf16.bf16_applies`). ``pf``: a block used in place asks for the next block's
+    rows (software prefetch, a hint that changes no result). ``ow`` not empty (with
+    ``last``): the output rows go there as bf16 words, row ``i`` at ``ow[i*d]``, and not
+    to ``o1``. ``swin``: the state's output rows come as bf16 words from ``sws`` (row
+    ``i`` at ``sws[i*d]``), not from ``o1`` (see :func:`._forward._forward_piece`)."""
     _wide()
     nb = (n + block - 1) // block
     ninf = -np.inf
@@ -113,8 +112,8 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
             _widen16(sws[oo:], obuf, 0, rows * d, True)
         else:
             _copy(obuf, 0, o1, oo, rows * d)
-        # the words' lines, written at the end (without: their misses made the words
-        # slower than a pass over the float32 output)
+        # the words' lines, written at the end: asked for now, so that their misses do
+        # not stall the stores
         _prefetch(ow, oo, rows * d)
     elif inplace:
         ob, ooff = o1, oo
@@ -210,7 +209,7 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
             _softmax_cols(st, nk, rows, mrow, cmax, msub, csum, precise)
         if nq >= 0 and c0 == t0:  # the next block's state, the rows it reads or writes
             # (a group's first piece writing words reads no o1 row and writes none; one that
-            # is first and last, no l1 entry: bf16 documents of 128, 1.04x faster)
+            # is first and last, no l1 entry: nothing to ask for there)
             if swin:
                 _prefetch(sws, nq * d, nrows * d)
             elif not (first and words):
@@ -295,7 +294,7 @@ def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf,
                 _no_keys(o1, ow, m1, i, d)
             else:
                 inv = 1.0 / li
-                # views: a loop over two offsets into flat arrays is not vectorized, ~10x slower
+                # views: a loop over two offsets into flat arrays is not vectorized
                 dst = obuf[r * d: (r + 1) * d] if ow.size > 0 else o1[i * d: (i + 1) * d]
                 src = obuf[r * d: (r + 1) * d]
                 for c in range(d):

@@ -5,7 +5,7 @@ numba intrinsics written in LLVM IR or IR emitters, which the tile passes
 (:mod:`._llvm_fwd`, :mod:`._llvm_bwd`) and the ``@njit`` loops of :mod:`._forward` and
 :mod:`._backward` use.
 
-What they buy, on a CPU without SVML (each measured, A/B in one process):
+What they are for, on a CPU without SVML:
 
 * the exponential: ``math.exp`` inside a loop is scalar, so the float32 forward
   scales its scores by ``log2 e`` (in the score product) and uses Cephes'
@@ -14,18 +14,16 @@ What they buy, on a CPU without SVML (each measured, A/B in one process):
   backward does the same with the saved log-sum-exp); float64 keeps ``math.exp``;
   on AVX-512 the IR twin applies ``2**n`` by ``vscalefps``; the bf16 forward, whose
   probabilities are rounded to bf16 right after, takes a degree-4 polynomial
-  (:data:`_EXP2_POLY_BF16`, relative error below 2.7e-6; 1.6% faster, A/B across processes)
-  in the fraction ``x - floor(x)`` by ``vreduceps``, no clamp, ``vscalefps`` masked (AMD
-  Zen 4, n = 16,384, ABBA in one process, 8 rounds: strided 1.027x, fixed 1.025x; the
-  backward the same);
+  (:data:`_EXP2_POLY_BF16`, relative error below 2.7e-6) in the fraction ``x - floor(x)``
+  by ``vreduceps``, no clamp, ``vscalefps`` masked;
 * moving rows: tiles are transposed 16 x 16 in vector registers
-  (:func:`_transpose16`, 6x faster than a scalar loop), rows are copied with
-  ``memcpy`` (:func:`_copy`; numba's slice assignment of a 256-byte row is about
-  15x slower), bf16 rows are interleaved by pairs in vector shuffles
-  (:func:`_pair_rows`), and the hot loops ask LLVM for 512-bit vectors
+  (:func:`_transpose16`, not a scalar loop), rows are copied with ``memcpy``
+  (:func:`_copy`, not numba's slice assignment), bf16 rows are interleaved by pairs in
+  vector shuffles (:func:`_pair_rows`), and the hot loops ask LLVM for 512-bit vectors
   (:func:`_wide`), which its tuning for AVX-512 CPUs otherwise avoids;
-* the next rows asked for while the current ones compute (:func:`_prefetch`, into L2):
-  the strided forward 3% (float32) and 14% (bf16) faster, its backward 1.5-3%.
+* the next rows asked for while the current ones compute (:func:`_prefetch`, into L2).
+
+The measurements behind these choices are in ``docs/kernel-notes.md``.
 
 An intrinsic's IR is generated into each function that calls it, and numba's cache
 of a function is invalidated only by a change to its own file: after editing this
@@ -52,11 +50,8 @@ _LOG2E = 1.4426950408889634
 _FM = {"contract"}  # FMA contraction only: NaN and inf keep their IEEE meaning
 # the options of the functions that the parallel loops call once a block (_forward_block._qblock,
 # _backward._kblock32): no reference counting (numba's ``_nrt=False``: they allocate nothing,
-# and the views they take end with the call). With it, each call took and dropped a reference
-# on each of its two dozen arrays, atomic adds on counters that the two threads share: 1.5-3.5%
-# of the strided passes' time in NRT_incref and NRT_decref (perf); without, the strided
-# forward and backward 1.5-2.2% faster, float32 and bf16 (ABBA in one process, n = 16,384),
-# fixed's the same, outputs bit for bit
+# and the views they take end with the call): with it, each call takes and drops a reference
+# on each of its two dozen arrays, atomic adds on counters that the threads share
 _BLOCK = {"cache": True, "fastmath": _FM, "_nrt": False}
 
 
@@ -64,8 +59,8 @@ _BLOCK = {"cache": True, "fastmath": _FM, "_nrt": False}
 @intrinsic
 def _wide(typingctx):  # pragma: no cover - compiled
     """Let LLVM vectorize the calling function with 512-bit vectors (``zmm``) on a CPU
-    that has them. LLVM's default tuning for AVX-512 CPUs prefers 256-bit vectors;
-    the softmax, masking and rescaling loops run about 20% faster with 512. A no-op
+    that has them. LLVM's default tuning for AVX-512 CPUs prefers 256-bit vectors,
+    which halves the width of the softmax, masking and rescaling loops. A no-op
     elsewhere (LLVM caps the width at what the CPU has)."""
     def codegen(context, builder, signature, args):
         attrs = builder.function.attributes
@@ -83,7 +78,7 @@ def _copy(typingctx, dst, doff, src, soff, count):  # pragma: no cover - compile
     """``count`` elements from ``src`` (from element ``soff``) to ``dst`` (from
     ``doff``), C-contiguous arrays of one dtype, as one ``memcpy``. A row copied by
     slice assignment (``a[i*d:(i+1)*d] = b[...]``) goes through numba's generic
-    strided copy, about 15x slower for a 256-byte row."""
+    strided copy, an element at a time."""
     def codegen(context, builder, signature, args):
         dst_, doff_, src_, soff_, count_ = args
         dty, sty = signature.args[0], signature.args[2]
@@ -271,8 +266,7 @@ _EXP2_POLY = (1.535336188319500e-4, 1.339887440266574e-3, 9.618437357674640e-3,
 # degree 4 for 2**r on [0, 1) (r = x - floor(x); sqrt(2) times a fit on [-1/2, 1/2] shifted
 # by 1/2, for relative error: at most 2.7e-6 evaluated in float32): the bf16 passes'
 # probabilities, which are rounded to bf16 (2**-8) right after; see _emit_exp2's ``floor``.
-# Two FMAs less per element than _EXP2_POLY: the bf16 fixed forward (n = 16,384) 1.6%
-# faster, 6 of 6 process pairs alternated
+# Two FMAs less per element than _EXP2_POLY
 _EXP2_POLY_BF16 = (1.3534159223518348e-2, 5.201148244297174e-2, 2.4144273977319353e-1,
                    6.930038390650679e-1, 1.0000025930750152)
 
@@ -299,8 +293,8 @@ def _exp2f(x):  # pragma: no cover - compiled
 def _transpose16(typingctx, src, roff, i0, c0, dst, doff, dld):  # pragma: no cover - compiled
     """``dst[doff + c * dld + r] = src[roff[i0 + r] + c0 + c]`` for ``r, c < 16``: a
     16 x 16 tile transposed in vector registers (16 row loads, 64 two-vector shuffles
-    in four butterfly stages, 16 stores), about 6x faster than a scalar loop, whose
-    strided stores LLVM cannot vectorize well."""
+    in four butterfly stages, 16 stores), instead of a scalar loop, whose strided
+    stores LLVM cannot vectorize well."""
     def codegen(context, builder, signature, args):
         src_, roff_, i0_, c0_, dst_, doff_, dld_ = args
         sty, rty = signature.args[:2]
@@ -392,8 +386,7 @@ def _emit_exp2(builder, x, poly=_EXP2_POLY, floor=False):
     AVX-512, ``vscalefps`` applies ``2**n`` (one instruction for
     the four of the bit construction, the same single rounding) and propagates NaN
     itself. The clamp stays at -126: an exponent that underflows (2**-150 for a
-    masked score) costs a microcode assist per vector, which made the strided
-    forward 1.5x slower.
+    masked score) costs a microcode assist per vector.
 
     ``floor`` (with :data:`_EXP2_POLY_BF16`, a polynomial on ``[0, 1)``): ``x = n + r``
     with ``n = floor(x)``, other bits than :func:`_exp2f`'s. On AVX-512 that is two
@@ -482,9 +475,8 @@ def _row_pairs(builder, sp, ra, rb, c0, W, vt, lanes: bool = False):
     (:func:`_pair_rows`'s), in registers instead of a pass that writes paired rows.
     ``lanes`` (``W`` even): the shuffles are in-lane unpacks (:func:`_lane_masks`), and
     each 32 columns' two vectors hold them in :data:`_LANE_COLUMNS`' order (the sums'
-    columns then are too: :func:`_lane_order` puts them back). On an AMD Zen 4,
-    ``vpermt2w`` shares a port with half of each ``vdpbf16ps``; ``P V`` on 24 tiles in L1
-    ran at 76% of the bf16 peak with it, at 87% on unpacks."""
+    columns then are too: :func:`_lane_order` puts them back), not ``vpermt2w``, which on
+    some CPUs shares a port with half of each ``vdpbf16ps``."""
     i64 = ir.IntType(64)
     ht = ir.VectorType(ir.IntType(16), 32)
     masks = _lane_masks() if lanes and W > 1 else _pair_masks()

@@ -16,7 +16,7 @@ element (no BLAS call):
   is unset: ``P`` and ``dS`` stored as ``m x 32`` rows. On bf16 inputs
   (:func:`_dscores32_bf16`) ``P`` and ``dS`` are rounded to bf16 when stored, and the
   exponential is the forward's bf16 one (:data:`._llvm._EXP2_POLY_BF16`, relative
-  error at most 2.7e-6): 2% faster (A/B, n = 16,384, strided and fixed);
+  error at most 2.7e-6, two FMAs fewer an element);
 * :func:`_dkv32`: ``dV += P^T dO`` or ``dK += dS^T Q`` for 8 keys at a time, each
   block over only the rows of each tile that see one of them (partial tiles);
 * :func:`_dq32`: ``dQ += dS K`` for 4 queries at a time, over only the keys they see,
@@ -25,8 +25,7 @@ element (no BLAS call):
 On bf16 inputs where the CPU has AMX (:mod:`._amx`), the same three passes take their
 products from ``tdpbf16ps`` (:func:`_dscores32_amx`: a tile's ``S`` and ``dP`` stored as
 float32 rows, then the exponentials and ``dS`` as above; :func:`_dkv32_amx`,
-:func:`_dq32_amx`: whole tiles, accumulated in the gradients' rows): the strided and
-fixed backwards at n = 16,384 1.8x and 2.2x the float32 ones (Intel Xeon).
+:func:`_dq32_amx`: whole tiles, accumulated in the gradients' rows).
 
 Which rows and keys of a partial tile those are comes from :func:`_tile_ranges`, once
 per plan.
@@ -73,9 +72,7 @@ __all__ = ["_dscores32", "_dkv32", "_dq32", "_tile_ranges", "_GROUP", "_dscores3
 
 _GROUP = 4  # rows per register block: 4 rows x 4 vectors (or 2 x 2 x 4; _dkv32: 8 x 2)
 # _dq32 asks for the ``dq`` rows of the group of rows 2 groups ahead (software prefetch):
-# they come from memory when the rows of a head outgrow the cache (the fixed backward at
-# n = 16,384, 4 MB of dq rows a head, AMD Zen 5, 4 interleaved process pairs: 232-237 ->
-# 222-228 ms; strided 64.9-66.5 -> 64.2-65.2; 1 or 4 groups ahead gained less)
+# they come from memory when the rows of a head outgrow the cache
 _DQ_AHEAD = 2
 _VT = ir.VectorType(ir.FloatType(), 16)
 _I64 = ir.IntType(64)
@@ -343,10 +340,8 @@ def _dscores32_amx(typingctx, q, do, roff, kt, vt, m, dw, alpha, lc, dl, bits, d
     ``sbuf`` first; then the exponentials, ``dS`` and their bf16 rows as there, over
     them. It configures the tiles once for a chunk's AMX passes, this one's tiles and the
     :func:`_dkv32_amx` and :func:`_dq32_amx` that must follow it (the last releases
-    them): against each pass, and each tile of this one, loading the configuration and
-    releasing the tiles, the bf16 backward at n = 16,384 strided 1.051x faster
-    (1.041-1.080), fixed 1.064x (ABBA in one process, 8 rounds; Intel Xeon), outputs bit
-    for bit."""
+    them), instead of each pass, and each tile of this one, loading the configuration and
+    releasing the tiles."""
     return (types.none(q, do, roff, kt, vt, m, dw, alpha, lc, dl, bits, dscale, pbuf, sbuf,
                        skeys), _dscores_codegen(True, amx=True))
 
@@ -361,11 +356,9 @@ def _dkv32_amx(typingctx, mat, src, roff, acc, nt, d, scratch, ring,
     (:func:`._amx._amx_pairs_product`, ``mat^T`` built in ``scratch``, ``512 nt`` words,
     and ``src``'s rows paired in slot ``slots[t]`` of ``ring``, ``16 d`` words a slot, or
     found there where ``slots[t] < 0``: :func:`._pool._ring_slots`). Every tile whole
-    (``mat`` is 0 where masked). Against pairing every tile in every call (the window's
-    query tiles serve 5 key blocks in a row): the bf16 backward at n = 16,384 strided
-    9.4% faster (ABBA in one process, median of 8 rounds, 1.066-1.112; Intel Xeon), fixed
-    0.989 (0.957-1.004), outputs bit for bit. The tiles as :func:`_dscores32_amx` left them
-    (configured), not released."""
+    (``mat`` is 0 where masked); a tile's paired rows are kept for the next call (the
+    window's query tiles serve 5 key blocks in a row). The tiles as
+    :func:`_dscores32_amx` left them (configured), not released."""
     def codegen(context, builder, signature, args):
         if not _f32(context, signature, 0) or not _AMX:
             return context.get_dummy_value()
@@ -518,11 +511,8 @@ def _dkv32(typingctx, mat, src, roff, acc, nt, rng, d):  # pragma: no cover - co
     and ``dS`` are 0 where masked), and a block of 8 keys takes the rows either of its
     groups of 4 sees. Accumulators: 8 keys x 2 vectors (32 columns), then 1 vector for
     the rest of ``d``; a ``src`` row is loaded once per block of keys and each ``mat``
-    entry broadcast. Against blocks of 4 keys x 4 vectors, which read each ``src`` row
-    twice as often: the fixed backward at n = 16,384 (B = 1, H = 8, d = 64) 2.1% faster
-    on an Intel Xeon (both in one process, alternated, 18 rounds: medians of the
-    ratios 0.978 and 0.979, 14 rounds faster), strided 0.5-0.7%; gradients bit for bit
-    (float32, bf16 widened and bf16 products, merged and multihead)."""
+    entry broadcast: half as often as blocks of 4 keys x 4 vectors would (the same
+    gradients, bit for bit)."""
     return types.none(mat, src, roff, acc, nt, rng, d), _dkv_codegen(False)
 
 
@@ -533,14 +523,10 @@ def _dkv32_bf16(typingctx, mat, src, roff, acc, nt, rng, d):  # pragma: no cover
     ``src[roff[r]]`` (``d / 2`` words), rows ``r`` and ``r + 1`` (``r`` even)
     interleaved by column in registers (:func:`._llvm._row_pairs`), ``acc`` float32; a row
     range is widened to whole pairs (``mat`` is 0 for the extra row). One ``vdpbf16ps``
-    per pair of rows. Reading the rows as they are, instead of copies interleaved by a
-    pass over each head (and each work item) first: strided bf16 backward at n = 16,384
-    (B = 1, H = 8, d = 64; AMD Zen 5), 3 process pairs alternated, min 38.5-39.2 against
-    41.3-43.1 ms; fixed 122.2-124.4 against 127.5-128.7; float32 unchanged; gradients bit
-    for bit (24 arrays: 4 families, both modes). The rows are paired by in-lane unpacks,
-    the sums in :func:`._llvm._lane_order`'s column order between their load and store
-    (not by ``vpermt2w``: AMD Zen 4, n = 16,384, ABBA, 6 rounds: the bf16 backward strided
-    1.017x faster, fixed 1.049x, bits the same)."""
+    per pair of rows. The rows are read as they are, not copies interleaved by a pass
+    over each head (and each work item) first. They are paired by in-lane unpacks, the
+    sums in :func:`._llvm._lane_order`'s column order between their load and store (not
+    by ``vpermt2w``: see :func:`._llvm._row_pairs`)."""
     return types.none(mat, src, roff, acc, nt, rng, d), _dkv_codegen(True)
 
 

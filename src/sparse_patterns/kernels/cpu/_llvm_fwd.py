@@ -4,7 +4,7 @@ intrinsics written in LLVM IR (:func:`_scores32`, :func:`_exp32`,
 :func:`._forward_block._qblock` calls for every chunk of tiles of a query block. The backward's
 counterparts are :mod:`._llvm_bwd`'s; the primitives both use are :mod:`._llvm`'s.
 
-What they buy (each measured, A/B in one process):
+What they are for:
 
 * the score product, the masks and the running column max are one register-blocked
   pass (:func:`_scores32`: 8 keys x 32 queries in 16 vector registers, a partial
@@ -18,12 +18,12 @@ What they buy (each measured, A/B in one process):
   the state or output rows where a block's rows are consecutive;
 * bf16 inputs on bf16 products: ``vdpbf16ps`` on float32 words that hold two bf16,
   ``Q^T`` by words, ``P`` rounded to bf16 pairs of keys, values interleaved by pairs
-  of rows (:func:`._llvm._pair_rows`); the fixed forward at n = 16,384 on an AMD Zen 5
-  1.6-1.7x the float32 one;
+  of rows (:func:`._llvm._pair_rows`), where ``vdpbf16ps`` outruns float32 FMAs;
 * bf16 products by AMX where the CPU has it (:func:`_scores32_amx`, :func:`_pv32_amx`):
   the tile products go to ``tdpbf16ps``, the masks, max and exponentials stay the
-  passes above; on an Intel Xeon with AMX (where ``vdpbf16ps`` has half the float32
-  FMA peak) the strided and fixed forwards at n = 16,384 1.6x and 2.5x the float32 ones.
+  passes above (AMX also where ``vdpbf16ps`` is slower than float32 FMAs).
+
+The measurements behind these choices are in ``docs/kernel-notes.md``.
 
 As for :mod:`._llvm`: after editing this module, delete the package's ``__pycache__``
 (numba invalidates a cached caller only when its own file changes).
@@ -130,14 +130,10 @@ def _exp32_bf16(typingctx, st, nk, cmax, csum):  # pragma: no cover - compiled
 # keys per block of P V's passes: all 8 passes (4 blocks of 8 queries x 2 column halves at
 # d = 64) run over one block of keys, whose value rows and P (24 KB at 64 keys) then stay in
 # L1, before the next; over all the chunk's keys at once (up to 24 tiles: 192 KB of value
-# rows and 96 KB of P), each pass read them from L2 again. Intel Xeon, n = 16,384, one
-# process, ABBA, 10 rounds: strided 1.028x (1.007-1.069), fixed 1.033x (1.001-1.061); 32
-# keys 0.995x, 1.001x; 96: 1.003x, 1.029x; 128: 1.023x, 0.994x. Bits the same.
+# rows and 96 KB of P), each pass read them from L2 again
 _PV_KEYS = 64
 # bf16 (key pairs, rows of half the bytes): 192 keys (24 KB of value rows, 12 KB of P), which
-# takes a strided window's chunk (5 tiles) whole. AMD Zen 4, n = 16,384, one process, 8
-# rounds against 64 keys: strided 1.035x, fixed 1.021x, window 1.049x; 128, 256 and whole
-# chunks within 2% of 192. Bits the same.
+# takes a strided window's chunk (5 tiles) whole
 _PV_KEYS_BF16 = 192
 
 
@@ -318,8 +314,7 @@ def _pv32_dense(typingctx, va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbu
     ``O``: 32 x ``d`` row-major, read from ``obuf[ooff]`` and written to ``dbuf[doff]``
     (the same place, or the output when ``post`` normalizes); ``fresh`` (a bool): ``O`` is 0 (a
     softmax group's first chunk), so the sums start from 0 and ``O`` and ``alpha`` are not
-    read (the same bits; 128-token documents, bf16 forward, 1.02-1.04x faster in three
-    alternated runs, strided and fixed within 1%); ``st``: ``P^T`` (key
+    read (the same bits); ``st``: ``P^T`` (key
     ``j``, query ``r`` at ``j*32 + r``); value row ``j`` at ``va[koff + j*d]``; group
     ``g`` (queries ``4g .. 4g+3``) sees key rows ``lo[g] <= j < hi[g]``, and a block of
     8 queries adds the rows either of its groups sees (``min lo .. max hi``), so ``P``
@@ -332,11 +327,8 @@ def _pv32_dense(typingctx, va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbu
     chunk multiplies by zero; a value row with an infinity or NaN makes NaN the rows
     of every query of a block whose range holds it (``0 x inf``).
 
-    Against blocks of 4 queries x 4 vectors, which read each value row twice as often
-    (the sums are the same, up to the sign of a zero): the fixed forward at n = 16,384
-    about 2% faster (AMD Zen 5, where only full tiles took it then); on partial tiles
-    too, the strided forward 2.3% faster (10 rounds in one process on an Intel Xeon,
-    each one faster), the fixed one unchanged."""
+    Blocks of 8 queries read each value row half as often as blocks of 4 queries x 4
+    vectors (the sums are the same, up to the sign of a zero)."""
     return (types.none(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff, fresh),
             _pv_codegen())
 
@@ -349,29 +341,19 @@ def _pv32_dense_bf16(typingctx, va, koff, st, obuf, ooff, alpha, post, lo, hi, d
     a float32 container of value rows of bf16 words (``d / 2`` a row, key ``x`` at
     ``va[koff + x*d/2]``), the rows of a pair interleaved by column in registers
     (:func:`._llvm._row_pairs`). ``lo, hi`` are key rows as there, widened to whole
-    pairs (``P`` is 0 for the extra key). ``O``, ``alpha``, ``post``: float32. Against
-    a copy of ``v`` paired by a pass first (and by each work item, each copied chunk):
-    strided l = 512, n = 2**18, H = 8 (AMD Zen 5), the forward's peak memory +281 MB
-    against +540 over its inputs, first call 2.13 s against 2.54; at n = 16,384 the
-    same speed (3 process pairs: min 19.9-20.9 against 20.3-20.8 ms; fixed 52.7-53.6
-    against 53.1); outputs bit for bit. Against blocks of 4 queries on partial tiles:
-    with bf16 products forced on an Intel Xeon (where they are slower than widening,
-    and not the default), the strided forward 1.1% faster (8 rounds in one process,
-    each one faster), the fixed one unchanged (0.996); bits the same. The pairs are made by
+    pairs (``P`` is 0 for the extra key). ``O``, ``alpha``, ``post``: float32. The value
+    rows are paired in registers, not by a pass that copies ``v`` paired first (which
+    costs memory and a first call's pages, at the same speed). The pairs are made by
     in-lane unpacks, the sums kept in their column order (``O`` put in it where a group
     starts, back where it ends: :func:`._llvm._lane_order`), not by ``vpermt2w``, which
-    on an AMD Zen 4 shares a port with half of each ``vdpbf16ps``: on 24 tiles in L1, 87%
-    of the bf16 peak against 76%; the forward at n = 16,384 (ABBA, 6 rounds) strided
-    1.035x faster, fixed 1.073x, bits the same.
+    on some CPUs shares a port with half of each ``vdpbf16ps``.
 
     ``obuf`` (``dbuf``) may be ``uint16``: ``O`` is read from bf16 words, widened in
     registers (written as the bf16 words nearest the float32 sums, as
     :func:`._convert._narrow16` rounds), where the call covers one key block of
     :data:`_PV_KEYS_BF16` (``O`` then read from ``obuf`` alone): what the last block of a
     strided window does with the state words of the residue classes and the output's
-    words, with no pass before or after (AMD Zen 4, n = 16,384, ABBA in one process:
-    strided 1.034x faster over 12 rounds, 1.059x and 1.109x over 8; the window alone
-    1.118x, 128-token documents 1.125x; bits the same)."""
+    words, with no pass before or after (the same bits)."""
     return (types.none(va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff, fresh),
             _pv_codegen(True))
 
@@ -521,7 +503,7 @@ def _scores32(typingctx, k, koff, qt, st, ntile, d, alpha, tmask, t0, maskt,
     of itself and column ``r``, one ``vmaxps`` per vector. In a partial tile, the
     products of a group of 8 keys with a half of the queries (16) that none of those
     keys is seen by are skipped (a diagonal or band tile's corners: a quarter of a
-    triangle's tile; the strided forward at n = 16,384 about 1.5% faster, A/B). Unlike
+    triangle's tile). Unlike
     :func:`._softmax._softmax_cols`, a NaN score need not leave a NaN max (``vmaxps`` keeps the
     later operand): the row still ends NaN, as the NaN score's exponential is NaN.
     """
@@ -604,22 +586,18 @@ def _pv32_amx(typingctx, va, koff, st, obuf, ooff, alpha, post, nk, d, vt, pt, s
     ``va[koff]``; ``O`` rows of ``d`` float32 from ``obuf[ooff]`` to ``dbuf[doff]``. The
     tiles must be configured (:func:`_scores32_amx` leaves them so); this releases them.
     ``P V`` is summed from zero in the tiles and stored over ``st`` (which must hold
-    ``32 d`` floats), then one vector pass writes ``post (alpha O + P V)``: against the
-    tiles loaded from ``alpha O`` (a pass before) and scaled by ``post`` after, and the
-    tiles configured again and released by each pass, the strided forward 1.06x faster,
-    the fixed one 1.02x (Intel Xeon, n = 16,384; ABBA in one process, 6 rounds); the
-    float32 sums differ in their last bits (one rounding fewer).
+    ``32 d`` floats), then one vector pass writes ``post (alpha O + P V)``, instead of
+    tiles loaded from ``alpha O`` (a pass before) and scaled by ``post`` after, each pass
+    configuring and releasing the tiles; the float32 sums differ from that in their last
+    bits (one rounding fewer).
     Per tile of keys, ``P`` by rows (the left operand of ``tdpbf16ps``: ``P^T`` by pairs
     transposed as 16 x 16 words) goes to ``pt`` (``16 nk`` words) and the value rows
     interleaved by pairs (the right operand, :func:`._llvm._row_pairs`) to slot
     ``slots[t]`` of ``vt`` (``16 d`` words a slot), unless ``slots[t] < 0``: slot ``-1 -
     slots[t]`` holds them from an earlier call (:func:`._pool._ring_slots`). Every tile
-    is multiplied whole (``P`` is 0 where masked); ``d`` a multiple of 32. Against ``O^T
-    += V^T P^T`` (``V^T`` by pairs transposed per tile, ``O`` transposed to and from
-    ``O^T`` per chunk): the strided forward 8% faster (8 rounds in one process, median of
-    the ratios; Intel Xeon), the fixed one the same, outputs bit for bit. Against pairing
-    every tile in every call (the window's key tiles serve 5 query blocks in a row): the
-    strided forward 8.2% faster (n = 16,384, H = 8; ABBA, median of 8 rounds, 1.062-1.118),
-    the fixed one 2.0%, outputs bit for bit."""
+    is multiplied whole (``P`` is 0 where masked); ``d`` a multiple of 32. ``O`` stays
+    row-major (no ``O^T += V^T P^T`` with ``O`` transposed per chunk), and a tile's paired
+    value rows are kept for the next call (the window's key tiles serve 5 query blocks in
+    a row)."""
     sig = types.none(va, koff, st, obuf, ooff, alpha, post, nk, d, vt, pt, slots, dbuf, doff)
     return sig, _pv_amx_codegen

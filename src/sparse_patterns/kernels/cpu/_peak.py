@@ -3,8 +3,8 @@
 ``% of peak`` figures divide a kernel's throughput by what the cores can do at
 most. A vendor's nominal figure (cores x FMA units x lanes x 2 x clock) is not what
 a shared, frequency-scaled cloud core delivers, and torch's ``matmul`` reaches only
-part of the peak (about 43-60 % on the CPUs measured so far), so a kernel can read
-"above 100 % of matmul". :func:`fma_peak` instead times a loop that keeps
+part of the peak, so a kernel can read "above 100 % of matmul". :func:`fma_peak`
+instead times a loop that keeps
 ``_ACC`` independent accumulators in vector registers (enough to cover the FMA
 latency on two FMA ports), touches no memory, and runs it on every numba thread at
 once; it reports the best of a few short runs.
@@ -14,18 +14,16 @@ once; it reports the best of a few short runs.
 * ``bfloat16``: ``vdpbf16ps`` (AVX512_BF16): 32 bf16 products summed pairwise into 16
   float32 lanes, 64 FLOPs per instruction. A CPU without AVX512_BF16 has no bf16
   arithmetic: its bf16 inputs are widened and computed in float32, so its bfloat16
-  peak *is* the float32 one, and that is what is reported. Measured on a 2-core
-  Intel Xeon (Emerald Rapids, 2026-11-23): 176 and 86 GFLOP/s per core: one
-  ``vdpbf16ps`` every 2 cycles against two FMAs a cycle, so there bf16 products are
-  no faster per FLOP than float32 ones (the kernel widens bf16 inputs instead,
-  :mod:`._convert`); on a 2-core AMD EPYC (Zen 5, 2026-11-26): 549-564 and
-  1014-1047 GFLOP/s for the two cores, 1.9x, where the kernel runs bf16 inputs on
-  bf16 products (:func:`._bf16.bf16_applies`).
+  peak *is* the float32 one, and that is what is reported. Where one ``vdpbf16ps``
+  issues every 2 cycles against two FMAs a cycle, bf16 products are no faster per FLOP
+  than float32 ones and the kernel widens bf16 inputs instead (:mod:`._convert`);
+  elsewhere it runs them on bf16 products (:func:`._bf16.bf16_applies`).
 * ``bfloat16-amx``: AMX ``tdpbf16ps`` (:mod:`._amx`) on four independent 16 x 16
   float32 tiles, 16 x 16 x 32 products (16,384 FLOPs) per instruction, what the bf16
   forward and backward run on where :func:`._bf16.amx_applies`; the ``bfloat16`` peak
-  on a CPU or process without AMX. Measured on a 2-core Intel Xeon with AMX (2026-11-27):
-  7,074 GFLOP/s (3,526 on one core), against 227 for ``vdpbf16ps`` and 463 float32.
+  on a CPU or process without AMX.
+
+Figures measured on the CPUs so far are in ``docs/kernel-notes.md``.
 """
 
 from __future__ import annotations
@@ -171,7 +169,7 @@ def fma_peak(dtype: str = "float32", threads: int | None = None, *, again: bool 
     --------
     >>> fma_peak("float32", threads=1) > 1e9
     True
-    >>> fma_peak("bfloat16", threads=1) > 1e9  # half the float32 one on an Intel Xeon
+    >>> fma_peak("bfloat16", threads=1) > 1e9
     True
     """
     if again:

@@ -3,11 +3,10 @@ forward's per-thread set, :func:`_thread_buffers`) and a
 per-thread pool that recycles the forward's output and the backward's gradients once
 nothing references them (:func:`_buffer`, emptied by :func:`release_workspace`).
 
-Why (measured, A/B in one process): work buffers, outputs and gradients start on
-64-byte boundaries (:func:`_aligned`, :func:`_buffer`), so vector accesses do not
-straddle cache lines; outputs and gradients are recycled arrays (:func:`_buffer`: a
-new 32 MiB array costs its page faults, 5-6% of the strided forward here); a residue
-work item stores its state back with non-temporal stores
+Why: work buffers, outputs and gradients start on 64-byte boundaries
+(:func:`_aligned`, :func:`_buffer`), so vector accesses do not straddle cache lines;
+outputs and gradients are recycled arrays (:func:`_buffer`: a new large array costs
+its page faults); a residue work item stores its state back with non-temporal stores
 (:func:`._llvm._copy_nt`), which need its destination rows on cache lines.
 """
 
@@ -28,8 +27,7 @@ __all__ = ["release_workspace", "_aligned", "_buffer", "_ring_slot", "_ring_slot
 def _aligned(size, like):  # pragma: no cover - compiled
     """An uninitialized 1-D array of ``size`` elements of ``like``'s dtype starting on a
     64-byte boundary. numba's ``np.empty`` aligns to 32 bytes: a buffer that starts 32
-    bytes into a cache line makes every 16-float vector access straddle two lines,
-    which costs the forward about 4% (measured A/B, both offsets forced)."""
+    bytes into a cache line makes every 16-float vector access straddle two lines."""
     per = 64 // like.itemsize
     raw = np.empty(size + per, like.dtype)
     off = (-(raw.ctypes.data // like.itemsize)) % per
@@ -118,10 +116,9 @@ def _buffer(shape: tuple, dtype) -> np.ndarray:
 
     Why: an array of more than 32 MiB is a new ``mmap`` each time (glibc's malloc
     recycles only smaller ones), and its first touch costs a page fault per page,
-    on this machine's virtual machine also the host's. For the strided forward at
-    n = 16,384 (32 MiB out) that was 5-6% of the call (A/B interleaved, 2 threads);
-    the backward's three gradients pay it three times. Recycling puts the kernel's
-    outputs on the footing that malloc gives smaller arrays. The pool keeps up to
+    on a virtual machine also the host's; the backward's three gradients pay it three
+    times. Recycling puts the kernel's outputs on the footing that malloc gives smaller
+    arrays. The pool keeps up to
     ``_POOL_ARRAYS`` arrays of at least ``_POOL_MIN_BYTES`` per thread (per thread, so
     concurrent calls never share one) until :func:`release_workspace`."""
     dtype = np.dtype(dtype)
@@ -145,8 +142,7 @@ def _buffer(shape: tuple, dtype) -> np.ndarray:
         if len(pool) > _POOL_ARRAYS:
             del pool[0]  # forgotten; freed unless its user still holds it
     # on a cache line: rows of the output and the gradients are read and written in
-    # 64-byte vectors, and a large np.empty starts 16 bytes into a line (the strided
-    # forward at n = 16,384: 3% faster aligned, A/B interleaved)
+    # 64-byte vectors, and a large np.empty starts 16 bytes into a line
     off = (-raw.ctypes.data % 64) // dtype.itemsize
     return raw[off: off + size].reshape(shape)
 

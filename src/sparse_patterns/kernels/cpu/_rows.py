@@ -2,9 +2,8 @@
 :func:`_permute_residue`, in parallel) for a piece whose key blocks are reordered once
 per call; the backward's row sums ``delta`` of one head (:func:`_delta_rows`,
 :func:`_delta_bf16`), its statistics in base-2 units (:func:`_stats32`) and its
-gradient rows rounded to bf16 (:func:`_narrow_rows`). (bf16 rows are no longer
-interleaved by pairs in a pass here: the products pair them in registers,
-:func:`._llvm._row_pairs`.)
+gradient rows rounded to bf16 (:func:`_narrow_rows`). bf16 rows are paired in
+registers by the products (:func:`._llvm._row_pairs`), not in a pass here.
 """
 
 from __future__ import annotations
@@ -97,11 +96,8 @@ def _delta_rows(do2, o2, base, n, out, precise):  # pragma: no cover - compiled
 def _delta_bf16(do, o, n, dw, out):  # pragma: no cover - compiled
     """One head's ``delta`` from bf16 rows: ``out[i] = sum_c dO[i, c] O[i, c]``
     (:func:`._llvm._dot_bf16`, the halves widened in registers), flat float32 arrays of
-    bf16 pairs, ``n`` rows of ``dw`` words (a multiple of 16) from word 0. It replaced a
-    pass that widened 64 rows at a time into float32 buffers (in a commit that also
-    paired q and dO in the same loop, since gone): strided bf16 backward, n = 16,384,
-    B = 1, H = 8, d = 64 (AMD Zen 5, 7 process pairs alternated), min 39.2-42.0 ms
-    against 41.4-45.5."""
+    bf16 pairs, ``n`` rows of ``dw`` words (a multiple of 16) from word 0, widened in
+    registers rather than 64 rows at a time into float32 buffers."""
     for i in range(n):
         out[i] = _dot_bf16(do, i * dw, o, i * dw, dw)
 

@@ -25,8 +25,7 @@ __all__ = [
 
 _CHUNK = 8  # tiles gathered per step (keys per score matrix: _CHUNK * block)
 # ... in the forward's fused float32 path (32-token tiles): fewer rescales of the output
-# rows per block (the fixed forward at n = 16,384, in one process: 2% faster in float32,
-# 3% on bf16 products, strided unchanged, than 8; 32 no better than 24)
+# rows per block
 _CHUNK_FUSED = 24
 
 
@@ -73,12 +72,9 @@ def _residues(plan) -> np.ndarray:
 
 
 # queries of a work item that copies its rows: its query, key, value and output buffers
-# (4 x 128 KB at d = 64, float32) then stay in a core's L2 beside the rows being read;
-# with 2,048 they filled it (2 MB), and the strided (l = 128) forward at n = 16,384
-# (d = 64, A/B interleaved) was 3% slower. bf16 inputs (rows of half the bytes) take twice
-# as many (see _forward_steps' ``rows``): AMD Zen 4, strided bf16 forward at n = 16,384,
-# ABBA in one process: 1,024 rows 1.026x (1.024-1.034, 8 rounds) and 1.020x, 2,048 1.020x,
-# against 512; float32 at 1,024: 0.998x
+# (4 x 128 KB at d = 64, float32) then stay in a core's L2 beside the rows being read
+# (2,048 filled it). bf16 inputs (rows of half the bytes) take twice as many (see
+# _forward_steps' ``rows``)
 _LOCAL_ROWS = 512
 
 
@@ -122,9 +118,7 @@ def _copy_orders(plan, p: int, items: int, kperm_used: np.ndarray, s: int) -> tu
     ``n / s`` apart in the buffer, which all fall in one set of the L1 cache. So the
     tokens are taken ``_COPY_RUN`` grid rows (``_COPY_RUN * s`` tokens) at a time, and
     within those by class: the source rows of a step stay in L1 and every class
-    writes a run of ``_COPY_RUN`` consecutive rows (measured on 64 residue items of
-    q, k, v at n = 16,384: 10 ms instead of 16 ms; scattering the state back: 4.0
-    instead of 5.8 ms)."""
+    writes a run of ``_COPY_RUN`` consecutive rows."""
     n, nb, block = plan.n, plan.nb, plan.block
     ptr = plan.tile_ptr[p * nb: (p + 1) * nb + 1]
     qperm = plan.qperm[p]
@@ -181,8 +175,7 @@ def _forward_steps(plan, seg: int, rows: int = _LOCAL_ROWS) -> list[tuple]:
             span = _item_span(tile_ptr[p * nb: (p + 1) * nb + 1], tile_col, items)
             # a work item would copy more keys than it reuses, or the items together many
             # times the keys that one reordering per call puts in place (summary keys
-            # that every item sees: fixed(l = 128, c = 16) at n = 16,384 copied 8x its
-            # 2,048 key rows per head; reordered, its forward was 3.6% faster, A/B)
+            # that every item sees: fixed's items would copy its key rows 8 times over)
             if span > 2 * items or -(-nb // items) * span > 2 * used:
                 span, items = 0, seg
                 reorder = (int(residue[p]), min(n, used * block))
@@ -290,8 +283,7 @@ def _chunk_ranges(plan, grows: np.ndarray, chunk: int) -> tuple[np.ndarray, np.n
     block ``I`` of piece ``p`` being rows ``cptr[p * nb + I]`` on of ``ranges``
     (``int16``, 16 a row: ``lo`` of the 8 groups of 4 queries, then ``hi``; key rows
     ``lo .. hi`` of the chunk, from :func:`_group_rows` of the masks of its first and
-    last tile that hold any of the group's queries; 0, 0 if none). The strided bf16
-    forward's blocks spent 1.5% of their time finding them (perf)."""
+    last tile that hold any of the group's queries; 0, 0 if none)."""
     nblocks = plan.tile_ptr.size - 1
     return _ranges_of(plan.tile_ptr.astype(np.int64), plan.tile_mask, grows, nblocks, chunk)
 
@@ -311,11 +303,8 @@ def _backward_order(plan) -> np.ndarray:
     reads the row and adds to it. A residue piece's rows are 32 KB apart (d = 64,
     stride 128): read in that order, the hardware prefetcher does not follow them; the
     window piece's come in token order. So the residue piece stores and the window
-    piece adds. Strided l = 128, n = 16,384, B = 1, H = 8, merged (AMD Zen 5; one
-    process, two plans, the orders alternated, 8-12 rounds, three runs): float32
-    backward 1.017x, 1.020x and 1.048x the plan's order, bf16 products 0.999x, 0.986x
-    and 1.001x. Fixed's keys piece (summary columns, no work items) stays where it is:
-    run first it gave 0.996x and 0.989x.
+    piece adds. Fixed's keys piece (summary columns, no work items) stays where it is:
+    run first it gained nothing.
 
     Examples
     --------

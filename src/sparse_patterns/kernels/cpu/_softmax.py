@@ -2,7 +2,7 @@
 general path of the forward (other tile sizes than 32, float64), beside the fused
 32-token passes of :mod:`._llvm_fwd`.
 
-The row max (measured, A/B in one process): a float max reduction is not vectorized
+The row max: a float max reduction is not vectorized
 without fast-math (which would drop NaN semantics), so the forward keeps the scores
 transposed (keys x queries) and takes elementwise maxima across the queries.
 """
