@@ -216,7 +216,7 @@ def _run(client: Any, todo: list[dict[str, Any]], cache: Any, measured: tuple[st
                 take(batch)
         raise
     finally:
-        if futures:
+        if futures and grouped:  # a given cluster goes on; ours is closed next, at once
             try:
                 client.cancel(list(futures))
             except Exception:  # noqa: BLE001, S110 - the scheduler may be gone
@@ -537,16 +537,18 @@ def _search(store: Any, recipes: list[dict[str, Any]], measured: tuple[str, ...]
         if todo:
             connected, owned = _connect(client, workers, float(timeout))
             own_client = connected is not client
+            ended = False  # normally: else closed without waiting on busy workers
             try:
                 _run(connected, todo, store, measured, task_kw, retries, done,
                      grouped=client is not None,  # ungrouped on our own local cluster
                      timeout=float(timeout))
+                ended = True
             except ConnectionError as exc:  # the scheduler lost on the way
                 where = (f"{len(rows)} of {total} candidates are saved in {store.path}; run "
                          "again to resume" if store is not None else "no cache was given")
                 raise ConnectionError(f"{exc}; {where}") from None
             finally:
-                close_all(connected, owned, own_client)
+                close_all(connected, owned, own_client, quick=not ended)
     except KeyboardInterrupt:
         raise SearchInterrupted(len(rows), total,
                                 None if store is None else str(store.path)) from None

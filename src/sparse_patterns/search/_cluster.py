@@ -27,6 +27,7 @@ import logging
 import multiprocessing
 import os
 import re
+import signal
 import socket
 import struct
 import tempfile
@@ -59,6 +60,8 @@ _LOCAL_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": N
                  "distributed.worker.profile.enabled": False,
                  "distributed.admin.tick.interval": "1s",
                  "distributed.admin.system-monitor.interval": "5s"}
+#: Seconds to close the client, then the local cluster, after Ctrl-C or an error.
+_QUICK_CLOSE = 2
 _ADDRESS = re.compile(r"^(?:(?:tcp|tls|ucx|ws|wss)://)?[\w.\-\[\]:]+:\d{1,5}$", re.ASCII)
 _GUARD = ("search: the local cluster's workers did not start: each is a new process that "
           "imports the calling script again, which calls search() again; put that call under "
@@ -136,9 +139,11 @@ def _local(workers: int | None) -> tuple[Any, list[Any]]:
     nw = workers if workers is not None else max(1, os.cpu_count() or 1)
     try:
         try:
+            # silent while it runs (here and in its workers): what goes wrong comes back as
+            # a row or one line; a Ctrl-C's broken transfers logged tracebacks on stderr
             with dask.config.set(_LOCAL_CONFIG), _quiet("distributed.nanny"):
                 cluster = LocalCluster(n_workers=nw, threads_per_worker=1, processes=True,
-                                       dashboard_address=None, silence_logs=logging.ERROR,
+                                       dashboard_address=None, silence_logs=logging.CRITICAL,
                                        env=WORKER_ENV, scheduler_kwargs=_NO_DASHBOARD)
         except Exception as exc:
             if os.path.exists(mark):
@@ -322,10 +327,31 @@ class _Environ:
                 os.environ[key] = value
 
 
-def close_all(client: Any, owned: list[Any], own_client: bool) -> None:
-    """Close our client (when we made it), then what we started, in order."""
+def close_all(client: Any, owned: list[Any], own_client: bool, quick: bool = False) -> None:
+    """Close our client (when we made it), then what we started, in order; ``quick``
+    (Ctrl-C, an error): each within a few seconds, not waiting on busy workers."""
+    if quick:
+        for thing in owned:
+            _kill_workers(thing)
     for thing in ([client] if own_client else []) + owned:
         try:
-            thing.close()
-        except Exception:  # noqa: BLE001, S110 - closing what is already gone
+            if quick and not isinstance(thing, _Environ):
+                thing.close(timeout=_QUICK_CLOSE)
+            else:
+                thing.close()
+        except Exception:  # noqa: BLE001, S110 - closing what is already gone (or slow)
             pass
+
+
+def _kill_workers(cluster: Any) -> None:
+    """Kill the worker processes of our own LocalCluster: each one's nanny would otherwise
+    give it 10 s to stop when the cluster closes (at exit, if not before), while the
+    command has already said what is saved."""
+    for nanny in list(getattr(cluster, "workers", {}).values()):
+        pid = getattr(nanny, "pid", None)
+        if isinstance(pid, int) and pid > 0:
+            # the nanny would start a new worker for the one killed
+            with contextlib.suppress(Exception):
+                nanny.status = type(nanny.status).closing_gracefully
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
