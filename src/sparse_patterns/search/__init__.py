@@ -77,6 +77,8 @@ _QUEUED_TAIL = 0.1
 _IN_FLIGHT = 2000
 #: Seconds between two checks, while no row comes, that the cluster still has a worker.
 _CHECK_EVERY = 1.0
+#: Seconds without an answer from the scheduler (nor a row) after which it counts as gone.
+_SCHEDULER_SILENT = 60.0
 
 
 class SearchInterrupted(KeyboardInterrupt):
@@ -229,36 +231,48 @@ def _run(client: Any, todo: list[dict[str, Any]], cache: Any, measured: tuple[st
 
 
 class _Watch:
-    """While no row comes, check every :data:`_CHECK_EVERY` seconds that the cluster still
-    has a worker and the scheduler answers: ``ConnectionError`` after ``timeout`` seconds
-    without either (workers killed as they start, a scheduler gone), instead of waiting
-    forever for rows no one computes."""
+    """While no row comes, ask the scheduler every :data:`_CHECK_EVERY` seconds how many
+    workers it has, without waiting for the answer (a busy scheduler is slow, not gone):
+    ``ConnectionError`` when it has had none for ``timeout`` seconds (workers killed as
+    they start), when it has not answered for :data:`_SCHEDULER_SILENT` seconds (or
+    ``timeout``, if longer), or when the connection is lost, instead of waiting forever
+    for rows no one computes."""
 
     def __init__(self, client: Any, timeout: float) -> None:
         self.client, self.timeout = client, timeout
-        self.last = self.seen = time.monotonic()  # the last check; the last worker seen
+        self.asked = self.answered = self.seen = time.monotonic()
+        self.pending: Any = None  # a concurrent.futures.Future of the scheduler's answer
 
     def progress(self) -> None:
-        self.last = self.seen = time.monotonic()
+        self.answered = self.seen = time.monotonic()
 
     def check(self) -> None:
+        import asyncio  # noqa: PLC0415
+
         now = time.monotonic()
-        if now - self.last < _CHECK_EVERY:
-            return
-        self.last = now
         if self.client.status in ("closing", "closed"):
             raise ConnectionError("scheduler: the connection to the scheduler was lost")
-        try:
-            workers = len(self.client.sync(self.client.scheduler.ncores,
-                                           callback_timeout=self.timeout))
-        except (OSError, TimeoutError) as exc:
-            raise ConnectionError(f"scheduler: no answer within {self.timeout:g} s "
-                                  f"({type(exc).__name__})") from None
-        if workers:
-            self.seen = now
-        elif now - self.seen >= self.timeout:
+        if self.pending is not None and self.pending.done():
+            try:
+                workers = len(self.pending.result())
+            except Exception as exc:  # noqa: BLE001 - CommClosedError, OSError: gone
+                raise ConnectionError(f"scheduler: the connection to the scheduler was lost "
+                                      f"({type(exc).__name__})") from None
+            finally:
+                self.pending = None
+            self.answered = now
+            if workers:
+                self.seen = now
+        if now - self.seen >= self.timeout and self.answered > self.seen:
             raise ConnectionError(f"workers: none left for {self.timeout:g} s (killed as they "
                                   "start? out of memory? see the workers' logs)")
+        silent = max(_SCHEDULER_SILENT, self.timeout)
+        if now - self.answered >= silent:
+            raise ConnectionError(f"scheduler: no answer for {silent:g} s")
+        if self.pending is None and now - self.asked >= _CHECK_EVERY:
+            self.asked = now
+            self.pending = asyncio.run_coroutine_threadsafe(
+                self.client.scheduler.ncores(), self.client.loop.asyncio_loop)
 
 
 def _queued_tail(costs: list[int], share: float = _QUEUED_TAIL) -> int:
@@ -415,8 +429,10 @@ def search(
     cache : path, optional
         ``.parquet`` or ``.jsonl``: rows are written as tasks finish (within
         0.2 s), and the candidates it holds (same recipe, same package version,
-        at least these measures) are not computed again. A file of another version, or not a
-        cache, is left as it is and a new one is started beside it.
+        at least these measures) are not computed again. A file of another
+        version is left as it is and a new one is started beside it; a file
+        that is not a search cache is refused; a row that contradicts its key
+        is never used (said in ``notes``, computed again).
     block : int or iterable of int
         Tile size(s) of the kernel's plan, in ``[1, 4096]`` (a grid axis too).
     batch, heads, head_dim : int
@@ -449,8 +465,10 @@ def search(
     ------
     ValueError
         An unknown family, mode or measure, a grid name no family takes, a
-        value out of range, an empty list, a malformed scheduler address or
-        cache path, or a cache another search is writing (before any cluster
+        value out of range, an empty list, a malformed scheduler address, a
+        closed or asynchronous Client, a cache path that is not a regular file
+        (a FIFO, a device), a file that is not a search cache, a cache above the
+        load limit, or a cache another search is writing (before any cluster
         starts).
     TypeError
         A grid value of the wrong type (a float for an integer parameter).

@@ -281,8 +281,15 @@ def run_packed(recipe: Mapping[str, Any], version: str,
 
 
 def unpack_row(text: str) -> dict[str, Any]:
-    """The row that :func:`run_packed` returned as JSON."""
-    return json.loads(text)
+    """The row that :func:`run_packed` returned as JSON, its free text cleaned
+    (:func:`clean_text`: a worker elsewhere is not trusted to print on this terminal)."""
+    row = json.loads(text)
+    if not isinstance(row, dict):
+        raise ValueError(f"workers: a task returned a {type(row).__name__}, not a search row")
+    for name in ("error", "worker", "method", "finished"):
+        if isinstance(row.get(name), str):
+            row[name] = clean_text(row[name])
+    return row
 
 
 def _compute(row: dict[str, Any], recipe: Mapping[str, Any], measured: tuple[str, ...],
