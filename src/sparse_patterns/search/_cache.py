@@ -73,7 +73,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from .._atomic import atomic_write
-from ._tasks import FIELDS, MEASURES, clean_text, recipe_key, recipe_of
+from ._tasks import FIELDS, MEASURES, TEXT_LIMIT, clean_text, recipe_key, recipe_of
 
 __all__ = ["Cache", "open_cache", "FORMAT", "SCHEMA", "SUFFIXES", "WRITE_INTERVAL", "ROW_BYTES",
            "MAX_LINE"]
@@ -98,6 +98,11 @@ _MAX_BESIDE = 100
 _EXACT = frozenset(("key", "version", "family", "params", "mode", "kernel_mode", "depth_search",
                     "measured", "status"))
 _KEY = re.compile(r"[0-9a-f]{24}")
+#: The types a stored value of each field may have (JSON and Arrow give exactly these).
+_TYPES = {name: {"str": (str,), "int": (int,), "bool": (bool,), "float": (float, int)}[kind]
+          + (type(None),) for name, kind in FIELDS}
+_FLOATS = frozenset(name for name, kind in FIELDS if kind == "float")
+_TEXT = frozenset(name for name, kind in FIELDS if kind == "str") - _EXACT
 
 
 class _Unusable(Exception):
@@ -198,19 +203,15 @@ def _check_row(row: Any, version: str) -> dict[str, Any]:
         raise _BadRow(f"not an object but {type(row).__name__}")
     out: dict[str, Any] = dict.fromkeys(_KINDS)
     for name, value in row.items():
-        kind = _KINDS.get(name)
-        if kind is None:
+        types = _TYPES.get(name)
+        if types is None:
             raise _BadRow(f"an unknown field {clean_text(str(name), 40)!r}")
-        ok = (value is None or (kind == "str" and isinstance(value, str))
-              or (kind == "bool" and isinstance(value, bool))
-              or (kind == "int" and isinstance(value, int) and not isinstance(value, bool))
-              or (kind == "float" and isinstance(value, (int, float))
-                  and not isinstance(value, bool)))
-        if not ok:
+        if type(value) not in types:  # exact types: a bool is not an int here
             raise _BadRow(f"a bad {name} ({clean_text(repr(value), 40)})")
-        if kind == "float" and value is not None:
+        if name in _FLOATS and value is not None:
             value = float(value)
-        elif kind == "str" and value is not None and name not in _EXACT:
+        elif name in _TEXT and value is not None and not (
+                len(value) <= TEXT_LIMIT and value.isprintable()):
             value = clean_text(value)
         out[name] = value
     _check_key(out, version)
