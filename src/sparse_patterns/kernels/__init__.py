@@ -17,6 +17,7 @@ wraps both in an autograd function.
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from typing import Any
 
@@ -26,6 +27,7 @@ from .backend import AUTO, Backend, Inputs, choose
 from .backend import get as get_backend
 from .backend import names as backend_names
 from .backend import register as register_backend
+from .exact_rows import repair_backward, repair_forward
 from .planning import BLOCK, MODES, ExecutionPlan, clear_plan_cache, plan
 
 __all__ = [
@@ -120,12 +122,16 @@ def attention(
 
     Notes
     -----
-    NaN or inf in the inputs propagate as in torch: a row whose scores or
-    attended values hold NaN gets NaN. A fused kernel computes whole tiles, so a
-    NaN key may also reach rows that share a tile with it without attending it
-    (as in torch's fused kernels); the kernel never crashes. ``"reference"``
-    is exact here too: a non-finite key or value reaches exactly the rows that
-    attend it.
+    NaN and inf reach exactly the rows that attend them, in every backend, as
+    in the dense reference: a row whose attended scores or values hold NaN or
+    inf is not finite (NaN where IEEE arithmetic on its own pairs gives NaN), and
+    every other row gets its finite value, also across document boundaries. A
+    fused kernel multiplies the masked pairs of a partial tile too (``0 * NaN``
+    is NaN), so after the backend one sum of ``out`` (and ``lse``) checks for
+    non-finite values; only when there is one are the non-finite rows found and
+    recomputed exactly from their own pairs
+    (:mod:`~sparse_patterns.kernels.exact_rows`), in the compute dtype.
+    :func:`attention_backward` does the same for ``dq``, ``dk`` and ``dv``.
 
     References
     ----------
@@ -144,7 +150,12 @@ def attention(
     """
     return_lse = check_bool("return_lse", return_lse)
     be, pat, pl = choose(impl, {"q": q, "k": k, "v": v}, pattern, mode, block)
-    return be.forward(q, k, v, pl, pattern=pat, scale=scale, return_lse=return_lse)
+    res = be.forward(q, k, v, pl, pattern=pat, scale=scale, return_lse=return_lse)
+    out, lse = res if return_lse else (res, None)
+    # a fused kernel multiplies the masked pairs of a partial tile too (0 * NaN = NaN):
+    # rows that are not finite are recomputed exactly from their own pairs
+    repair_forward(q, k, v, pl, _scale(scale, q), out, lse)
+    return res
 
 
 def attention_backward(
@@ -198,4 +209,11 @@ def attention_backward(
     """
     be, pat, pl = choose(impl, {"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, pattern,
                          mode, block, backward=True)
-    return be.backward(q, k, v, o, lse, do, pl, pattern=pat, scale=scale)
+    dq, dk, dv = be.backward(q, k, v, o, lse, do, pl, pattern=pat, scale=scale)
+    repair_backward(q, k, v, o, lse, do, pl, _scale(scale, q), dq, dk, dv)
+    return dq, dk, dv
+
+
+def _scale(scale: float | None, q: Any) -> float:
+    """The score scale the backends used: ``1 / sqrt(d)`` by default."""
+    return 1.0 / math.sqrt(int(q.shape[-1])) if scale is None else float(scale)
