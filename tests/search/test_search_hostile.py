@@ -69,6 +69,10 @@ def test_a_lock_file_that_is_a_link_is_never_followed(tmp_path):
     os.mkfifo(tmp_path / "s.jsonl.lock")
     with pytest.raises(ValueError, match=r"lock file .*s\.jsonl\.lock' of .* is a FIFO; remove"):
         open_cache(tmp_path / "s.jsonl", V)
+    os.link(victim, tmp_path / "h.jsonl.lock")  # a hard link: no O_NOFOLLOW stops it
+    with pytest.raises(ValueError, match=r"h\.jsonl\.lock' of .* is a hard link to another file"):
+        open_cache(tmp_path / "h.jsonl", V)
+    assert victim.read_text() == "precious\n"
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])

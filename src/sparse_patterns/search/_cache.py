@@ -496,10 +496,11 @@ class _Lock:
     """An exclusive ``flock`` on ``PATH.lock``, taken without waiting.
 
     ``path`` is resolved already. The lock file is opened without following a
-    symbolic link and must be a regular file; it holds the owner's process id
-    (for the message a second search gets) and is unlinked on release; a lock
-    taken on a file that another process unlinked meanwhile is dropped and taken
-    again on the new file.
+    symbolic link and must be a regular file of one name (not a hard link to
+    another file); it holds the owner's process id (for the message a second
+    search gets) and is unlinked on release; a lock taken on a file that
+    another process unlinked meanwhile is dropped and taken again on the new
+    file.
     """
 
     def __init__(self, path: Path) -> None:
@@ -540,11 +541,13 @@ class _Lock:
                                  "is a symbolic link; remove it (the lock is never one)") from None
             raise ValueError(f"cache: cannot lock {_shown(path)}: cannot open "
                              f"{_shown(self.path)}: {exc.strerror or exc}") from None
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
             os.close(fd)
+            what = _kind(st.st_mode) if not stat.S_ISREG(st.st_mode) else (
+                "a hard link to another file")
             raise ValueError(f"cache: the lock file {_shown(self.path)} of {_shown(path)} is "
-                             f"{_kind(mode)}; remove it")
+                             f"{what}; remove it")
         return fd
 
     def __del__(self) -> None:  # a cache dropped without close() does not keep its lock
