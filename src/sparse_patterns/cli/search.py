@@ -138,7 +138,8 @@ def search_cmd(
     repeats: int = _int("repeats", 3, "Timed kernel calls with --measure time", 1, 1000),
     depth: bool = typer.Option(None, "--depth/--no-depth",
                                help="Force (or skip) the depth search when a criterion fails."),
-    timeout: int = _int("timeout", 10, "Seconds to reach --scheduler", 1, 3600),
+    timeout: int = _int("timeout", 10, "Seconds to reach --scheduler, and the longest wait with "
+                        "no worker left", 1, 3600),
     cache: str = typer.Option(
         None, "--cache", metavar="<file>",
         help="Results file (.parquet or .jsonl), written as tasks finish; a search run again "
