@@ -197,6 +197,43 @@ def test_random_schedules_match_dense_products(case):
     check(layers, documents=docs, residual=residual)
 
 
+@pytest.mark.parametrize("residual", [True, False])
+def test_column_chunks_row_blocks_and_the_parallel_form_match_dense_products(monkeypatch, residual):
+    # the smallest chunk (64 source columns), short row blocks and the parallel kernel at small n
+    from sparse_patterns.analysis import _numba, schedule
+
+    monkeypatch.setattr(schedule, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(schedule, "REACH_BLOCK", 7)
+    monkeypatch.setattr(_numba, "SERIAL_BELOW", 0)
+    n = 203
+    rng = np.random.default_rng(5)
+    rand = Pattern.from_dense(rng.random((n, n)) < 0.01, causal=False)
+    layers = [make("local", n, window=5), make("strided", n, stride=16), make("full", n),
+              make("local", n, window=2)]
+    check(layers, residual=residual)  # full: each row starts from the one before
+    check([make("local", n, window=3)] * 5, residual=residual)
+    check([make("local", n, window=2), rand, make("fixed", n, stride=32, c=4)], residual=residual)
+    check(layers[:2], documents=[70, 1, 132], residual=residual)
+    holes = np.tril(np.ones((150, 150), bool))
+    holes[100, 80] = holes[120, 10] = False  # the first failing pair is in the second chunk
+    r = check([Pattern.from_dense(holes)], residual=residual)
+    assert r.counterexample == (100, 80)
+
+
+def test_many_layers_against_the_closed_form_of_a_window_of_one():
+    # local(window=1) with the residual: R_k(i) = [i - k, i], so i needs i - j layers for j < i
+    n, P = 300, 256
+    r = verify_schedule([make("local", n, window=1)] * P)
+    assert r.reachable == tuple(sum(min(i + 1, k + 1) for i in range(n)) for k in range(1, P + 1))
+    assert r.hops == {1: 2 * n - 1, **{k: n - k for k in range(2, P + 1)}}
+    assert r.counterexample == (P + 1, 0) and r.unreachable == sum(range(1, n - P))
+    back = Pattern.from_dense(np.eye(n, k=-1, dtype=bool))  # i reads i - 1: R_k(i) = {i - k}
+    r = verify_schedule([back] * P, residual=False)
+    assert r.reachable == tuple(n - k for k in range(1, P + 1))
+    assert r.hops == {k: n - k for k in range(1, P + 1)} and r.counterexample == (0, 0)
+    assert r.unreachable == n * (n + 1) // 2 - sum(n - k for k in range(1, P + 1))
+
+
 def test_explain_failure_gives_the_counterexample_in_sequence_positions():
     n = 24
     loc = make("local", n, window=2)

@@ -12,8 +12,10 @@ The token kernel (:func:`hop_kernel`) walks the output rows ``i`` in chunks
 ``R_k(i) = U_{a in M_k(i)} R_{k-1}(a)`` by a backward layered BFS with one
 deduplicated layer per step. When ``A_k(i)`` contains ``A_k(i-1)`` (checked by a
 merge of the two run lists), the union of row ``i - 1`` is kept and only the new
-``a`` are added. Nothing here decides anything: the Python side validates input
-and interprets the counts.
+``a`` are added. A schedule of layers runs the other way (:func:`reach_kernel`):
+every ``R_k`` is built once from the rows of ``R_{k-1}``, so its work grows
+linearly with the number of layers. Nothing here decides anything: the Python
+side validates input and interprets the counts.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from ._bits import first_zero, or_run, or_run_extract, popcount, set_bit
+from ._bits import ctz, first_zero, or_run, or_run_extract, popcount, set_bit
 
 __all__ = [
     "pick", "SERIAL_BELOW",
     "LONG", "count_runs", "fill_runs", "union_runs", "union_sizes", "long_index", "hop_kernel",
+    "reach_kernel",
     "depth_kernel", "block_step", "block_count",
 ]
 
@@ -440,6 +443,239 @@ def hop_kernel(n, p, step_base, rptr, rst, rln, lptr, lst_, lln_, residual, caus
     return hops, miss1, miss2, bad
 
 
+# ------------------------------------------------------------------ forward reach
+@njit(cache=True, inline="always")
+def _target_bits(i, c0, c1, causal):
+    """Target columns of output row i inside the column chunk ``[c0, c1)`` (``j <= i`` if causal)."""
+    if causal:
+        return min(max(i + 1 - c0, 0), c1 - c0)
+    return c1 - c0
+
+
+@njit(cache=True)
+def _count_row(row, f, lo, hi, tb):
+    """Set bits below ``tb`` of a stored row: ones on words ``[0, f)``, ``row[lo:hi]``, else zero."""
+    c = min(f << 6, tb)
+    for w in range(lo, hi):
+        b = w << 6
+        if b >= tb:
+            break
+        x = row[w]
+        if b + 64 > tb:
+            x &= (_ONE << np.uint64(tb - b)) - _ONE
+        c += popcount(x)
+    return c
+
+
+@njit(cache=True)
+def _first_clear(row, f, lo, hi, tb):
+    """Smallest column ``< tb`` clear in a stored row, or -1."""
+    for w in range(f, (tb + 63) >> 6):
+        x = _ALL
+        if lo <= w < hi:
+            x = ~row[w]
+        if x:
+            j = (w << 6) + ctz(x)
+            return j if j < tb else -1
+    return -1
+
+
+@njit(cache=True)
+def _settle(A, f, tlo, thi, out, st, i, tb):
+    """Store the accumulated row (ones on words ``[0, f)``, ``A[tlo:thi]``) as row i of ``out``,
+    trimmed, with ``st[i] = (f, lo, hi, target bits set)``; clear ``A``; return the count."""
+    while f < thi and A[f] == _ALL:
+        f += 1
+    lo = max(tlo, f)
+    hi = thi
+    while lo < hi and A[lo] == 0:
+        lo += 1
+    while hi > lo and A[hi - 1] == 0:
+        hi -= 1
+    if lo >= hi:
+        lo = hi = 0
+    row = out[i]
+    for w in range(lo, hi):
+        row[w] = A[w]
+    for w in range(tlo, thi):
+        A[w] = 0
+    c = _count_row(row, f, lo, hi, tb)
+    st[i, 0] = f
+    st[i, 1] = lo
+    st[i, 2] = hi
+    st[i, 3] = c
+    return c
+
+
+@njit(cache=True, inline="always")
+def _or_row(A, buf, st, a, f, tlo, thi):
+    """``A |= row a`` above the prefix ``max(f, prefix of a)``; returns that prefix and the touched
+    word range. Words below the final prefix may be touched: they are ignored."""
+    f = max(f, st[a, 0])
+    wlo = max(st[a, 1], f)
+    whi = st[a, 2]
+    if wlo < whi:
+        src = buf[a]
+        for w in range(wlo, whi):
+            A[w] |= src[w]
+        tlo = min(tlo, wlo)
+        thi = max(thi, whi)
+    return f, tlo, thi
+
+
+@njit(cache=True)
+def _contains(rptr, rst, rln, r, x):
+    """Whether stacked row ``r`` holds position ``x``."""
+    for q in range(rptr[r + 1] - 1, rptr[r] - 1, -1):
+        if rst[q] <= x:
+            return x < rst[q] + rln[q]
+    return False
+
+
+@njit(cache=True)
+def _reach_rows(i0, i1, k, last, c0, c1, alo, wc, base, rptr, rst, rln, residual, causal, buf, st,
+                pbuf, pst, ebuf, est, A, L, bad):
+    """Rows ``[i0, i1)`` of ``R_k`` (and ``E_k``) in the column chunk ``[c0, c1)``, in order.
+
+    Returns the target pairs of these rows in ``R_k`` and those new in ``E_k``; at the last
+    layer ``bad`` gets the first pair missing from each.
+    """
+    s_r = 0
+    s_e = 0
+    for i in range(i0, i1):
+        tb = _target_bits(i, c0, c1, causal)
+        f = 0
+        tlo = wc
+        thi = 0
+        if k == 0:  # R_1 = M_1: the runs themselves
+            for q in range(rptr[base + i], rptr[base + i + 1]):
+                s = max(rst[q], c0)
+                e = min(rst[q] + rln[q], c1)
+                if s < e:
+                    or_run(A, s - c0, e - s)
+                    tlo = min(tlo, (s - c0) >> 6)
+                    thi = max(thi, ((e - 1 - c0) >> 6) + 1)
+            if residual and c0 <= i < c1:
+                set_bit(A, i - c0)
+                tlo = min(tlo, (i - c0) >> 6)
+                thi = max(thi, ((i - c0) >> 6) + 1)
+            c = _settle(A, f, tlo, thi, buf, st, i, tb)
+        elif residual and pst[i, 3] == tb:  # complete: R_k(i) = R_{k-1}(i)
+            for w in range(pst[i, 1], pst[i, 2]):
+                buf[i, w] = pbuf[i, w]
+            for x in range(4):
+                st[i, x] = pst[i, x]
+            c = tb
+        else:
+            m = -1
+            if i > i0 and (not residual or _contains(rptr, rst, rln, base + i, i - 1)):
+                m = _new_elements(rptr, rst, rln, base + i - 1, base + i, L)
+            if m >= 0:  # M(i) holds M(i - 1): start from row i - 1 and add the new sources
+                f, tlo, thi = _or_row(A, buf, st, i - 1, f, tlo, thi)
+                for u in range(m):
+                    if L[u] >= alo:
+                        f, tlo, thi = _or_row(A, pbuf, pst, L[u], f, tlo, thi)
+            else:
+                for q in range(rptr[base + i], rptr[base + i + 1]):
+                    for a in range(max(rst[q], alo), rst[q] + rln[q]):
+                        f, tlo, thi = _or_row(A, pbuf, pst, a, f, tlo, thi)
+            if residual:
+                f, tlo, thi = _or_row(A, pbuf, pst, i, f, tlo, thi)
+            c = _settle(A, f, tlo, thi, buf, st, i, tb)
+        s_r += c
+        if not residual:  # E_k(i) = E_{k-1}(i) | R_k(i)
+            old = 0
+            g, tlo, thi = _or_row(A, buf, st, i, 0, wc, 0)
+            if k > 0:
+                old = est[i, 3]
+                g, tlo, thi = _or_row(A, ebuf, est, i, g, tlo, thi)
+            s_e += _settle(A, g, tlo, thi, ebuf, est, i, tb) - old
+        if last and c < tb and bad[0] < 0:
+            bad[0] = i
+            bad[1] = c0 + _first_clear(buf[i], st[i, 0], st[i, 1], st[i, 2], tb)
+        if last and not residual and est[i, 3] < tb and bad[2] < 0:
+            bad[2] = i
+            bad[3] = c0 + _first_clear(ebuf[i], est[i, 0], est[i, 1], est[i, 2], tb)
+    return s_r, s_e
+
+
+def reach_kernel(n, P, step_base, rptr, rst, rln, residual, causal, block, bufs, sts, ebuf, est,
+                 As, Ls):
+    """Reachability after every layer of a schedule, propagated forward once.
+
+    ``R_k(i) = U_{a in M_k(i)} R_{k-1}(a)`` (``M_k`` = step k plus the identity
+    with the residual, ``R_0 = I``) is computed for every output row from the
+    rows of ``R_{k-1}``, so the work per layer does not grow with k. Sources are
+    processed ``64 * wc`` columns at a time: a chunk holds two bit matrices
+    ``(n, wc)`` (and the union ``E_k`` of ``R_1 .. R_k`` without the residual).
+    A stored row is ones on its first ``f`` words plus the words ``[lo, hi)``
+    (zero elsewhere), so the cost of a row tracks what it adds, not n. A row
+    whose ``M_k(i)`` contains ``M_k(i - 1)`` starts from row ``i - 1`` and adds
+    the new sources; with the residual a complete row is copied, and a chunk
+    whose rows are all complete stops.
+
+    Returns ``reach (P,)`` target pairs in ``R_k``, ``hops (P + 1,)`` target
+    pairs first in ``E_k`` at k (column 0 unused), and ``bad (4,)`` = (i1, j1,
+    i2, j2): the first target pair, row by row, outside ``R_P`` and outside
+    ``E_P`` (-1 when none). The caller allocates the work arrays:
+    ``bufs uint64 (2, n, wc)``, ``sts int64 (2, n, 4)`` (a row's prefix, first
+    and end word, count), ``ebuf uint64 (n or 0, wc)``, ``est int64 (n or 0, 4)``,
+    ``As uint64 (threads, wc)`` zeroed, ``Ls int64 (threads, n)``.
+    """
+    nw = (n + 63) >> 6
+    wc = bufs.shape[2]
+    reach = np.zeros(P, np.int64)
+    hops = np.zeros(P + 1, np.int64)
+    bad = np.full(4, -1, np.int64)
+    for ch in range((nw + wc - 1) // wc):
+        c0 = (ch * wc) << 6
+        c1 = min(n, c0 + (wc << 6))
+        r0 = c0 if causal else 0  # causal: rows above c0 reach nothing in the chunk
+        nb = (n - r0 + block - 1) // block
+        bsum = np.zeros(nb, np.int64)
+        esum = np.zeros(nb, np.int64)
+        bbad = np.full((nb, 4), -1, np.int64)
+        tgt = 0
+        for x in range(r0, n):
+            tgt += _target_bits(x, c0, c1, causal)
+        had = 0
+        for k in range(P):
+            cur = k & 1
+            base = step_base[k]
+            for b in prange(nb):
+                tid = numba.get_thread_id()
+                i0 = r0 + b * block
+                bsum[b], esum[b] = _reach_rows(
+                    i0, min(n, i0 + block), k, k == P - 1, c0, c1, r0, wc, base, rptr, rst, rln,
+                    residual, causal, bufs[cur], sts[cur], bufs[1 - cur], sts[1 - cur], ebuf, est,
+                    As[tid], Ls[tid], bbad[b])
+            got = 0
+            new = 0
+            for b in range(nb):
+                got += bsum[b]
+                new += esum[b]
+            reach[k] += got
+            hops[k + 1] += got - had if residual else new  # R_k nested with the residual
+            had = got
+            if residual and got == tgt:  # every row complete: later layers add nothing
+                for kk in range(k + 1, P):
+                    reach[kk] += tgt
+                break
+        for q in range(2):
+            for b in range(nb):
+                if bbad[b, 2 * q] >= 0:
+                    i = bbad[b, 2 * q]
+                    j = bbad[b, 2 * q + 1]
+                    if bad[2 * q] < 0 or i < bad[2 * q] or (i == bad[2 * q] and j < bad[2 * q + 1]):
+                        bad[2 * q] = i
+                        bad[2 * q + 1] = j
+                    break
+    if residual:
+        bad[2] = bad[0]
+        bad[3] = bad[1]
+    return reach, hops, bad
+
+
 # ------------------------------------------------------------------------- depth
 def depth_kernel(n, P, step_base, rptr, rst, rln, residual, causal, nthr):
     """Per input position j: the steps every target output needs, or -1 if one never connects.
@@ -577,7 +813,8 @@ def _compile(f):
 SERIAL_BELOW = 2048
 
 _FORMS = {}
-for _f in (bool_csr, count_runs, fill_runs, union_runs, union_sizes, hop_kernel, depth_kernel, block_step, block_count):
+for _f in (bool_csr, count_runs, fill_runs, union_runs, union_sizes, hop_kernel, reach_kernel,
+           depth_kernel, block_step, block_count):
     _FORMS[_f.__name__] = _compile(_f)
 del _f
 

@@ -6,7 +6,9 @@ attends through the union of its heads ``A_k``. With the residual it connects
 ``M_k = A_k + I`` and the reachability after it is ``R_k = M_k R_{k-1}``
 (boolean products, rows are outputs, ``R_1 = M_1``): exactly
 :func:`~sparse_patterns.analysis.verify` in interleaved mode with ``p = P`` on
-the pattern whose heads are the layer unions, run by the same numba kernel.
+the pattern whose heads are the layer unions. Every ``R_k`` comes from
+``R_{k-1}`` in one forward pass (bit rows over a bounded chunk of source
+columns at a time), so the work grows linearly with the number of layers.
 ``documents`` (lengths or ``cu_seqlens`` offsets, :func:`document_offsets`)
 keeps the target pairs inside a document, checks each document's sub-pattern
 on its own and adds the **leak** check: a path between documents exists iff
@@ -23,14 +25,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numba
 import numpy as np
 import scipy.sparse as sp
 
+from .. import config
+from .._stream import check_fits
 from .._validate import check_bool, check_choice, check_int
 from ..documents import document_offsets
 from ..pattern import MODES, Pattern
-from ._common import row_sizes, runs, steps
-from ._paths import EXPLAIN_LIMIT, METHODS, _check_progress, _hop_counts, explain
+from . import _numba as K
+from ._common import nthreads, row_sizes, runs, steps
+from ._paths import EXPLAIN_LIMIT, METHODS, _check_progress, explain
 from ._printable import Printable
 from .report import Explanation, _mark
 
@@ -38,6 +44,13 @@ __all__ = ["ScheduleReport", "verify_schedule", "document_offsets", "verify_as_s
 
 #: Largest number of entries of a document's layers for which ``explain_failure`` builds their CSR.
 EXPLAIN_ENTRIES = 1 << 24
+
+#: Most bytes the reachability bit matrices of one chunk of source columns take (all of them
+#: together); less when the memory limit is lower.
+CHUNK_BYTES = 128 << 20
+
+#: Output rows per parallel task of the reachability kernel.
+REACH_BLOCK = 64
 
 Runs = tuple[np.ndarray, np.ndarray, np.ndarray]
 
@@ -302,19 +315,33 @@ def _rows_of(part: Runs, s: int, e: int) -> Runs:
 
 
 def _document(parts: list[Runs], d: int, residual: bool, causal: bool):
-    """Hop counts, failures and reachable pairs per layer of one document of length d."""
+    """Hop counts, failures and reachable pairs per layer of one document of length d.
+
+    One forward pass through the layers (:func:`~._numba.reach_kernel`), ``CHUNK_BYTES`` of
+    source columns at a time: the work per layer does not grow with the number of layers.
+    """
     P = len(parts)
-    hops, m1, m2, bad1, bad2 = _hop_counts(steps(parts, P, "interleaved", d), P, residual, causal,
-                                           None)
+    st = steps(parts, P, "interleaved", d)
+    nbuf = 2 if residual else 3  # R_{k-1}, R_k (and E_k without the residual), (d, wc) words each
+    nthr = nthreads()
+    fixed = (32 * nbuf + 8 * nthr) * d  # the rows' states, the threads' source lists
+    budget = min(CHUNK_BYTES, config.get_memory_limit() // 2) - fixed
+    wc = int(max(1, min((d + 63) >> 6, budget // (8 * (nbuf * d + nthr)))))
+    check_fits("schedule", fixed + 8 * wc * (nbuf * d + nthr),
+               "a shorter sequence or documents (the check keeps at least 64 source columns "
+               "of every position per layer)")
+    ne = 0 if residual else d
+    work = (np.zeros((2, d, wc), np.uint64), np.zeros((2, d, 4), np.int64),
+            np.zeros((ne, wc), np.uint64), np.zeros((ne, 4), np.int64),
+            np.zeros((nthr, wc), np.uint64), np.zeros((nthr, d), np.int64))
+    with numba.parallel_chunksize(1):  # causal rows cost more further down: blocks go on demand
+        reach, hops, bad = K.pick("reach_kernel", d)(
+            d, P, st.step_base, st.rptr, st.rst, st.rln, residual, causal, REACH_BLOCK, *work)
     targets = d * (d + 1) // 2 if causal else d * d
-    if residual:  # R_k nested: the pairs in R_k are those of hop distance <= k
-        reach = np.cumsum(hops[1:])
-    else:  # R_k not nested: the criterion 1 count of every prefix of the schedule
-        reach = np.empty(P, np.int64)
-        for k in range(1, P):
-            miss = _hop_counts(steps(parts, k, "interleaved", d), k, residual, causal, None)[1]
-            reach[k - 1] = targets - miss
-        reach[P - 1] = targets - m1
+    m1 = targets - int(reach[-1])
+    m2 = targets - int(hops[1:].sum())
+    bad1 = None if bad[0] < 0 else (int(bad[0]), int(bad[1]))
+    bad2 = None if bad[2] < 0 else (int(bad[2]), int(bad[3]))
     return hops, m1, m2, bad1, bad2, reach, targets
 
 
@@ -405,7 +432,9 @@ def verify_schedule(
     residual ``R_k`` only grows; without it ``reachable`` checks every prefix
     ``L_1 .. L_k`` again. A path that leaves a document and comes back is not
     counted: it needs an entry across documents, which the leak check
-    reports. Memory: the runs of one document (or one chunk of rows) per layer.
+    reports. Memory: the runs of one document (or one chunk of rows) per layer,
+    and the bit rows of ``R_{k-1}`` and ``R_k`` over ``CHUNK_BYTES`` (128 MiB, at
+    most half the memory limit) of source columns at a time.
 
     References
     ----------
