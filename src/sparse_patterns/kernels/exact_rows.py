@@ -56,7 +56,8 @@ def _total(a: Any) -> float:
         import torch  # noqa: PLC0415
 
         return float(a.sum(dtype=torch.float64 if a.dtype == torch.float64 else torch.float32))
-    return float(np.add.reduce(a, axis=None, dtype=_compute(a)))
+    with np.errstate(over="ignore", invalid="ignore"):
+        return float(np.add.reduce(a, axis=None, dtype=_compute(a)))
 
 
 def nonfinite_rows(*arrays: Any, lse: Any = None) -> np.ndarray:
@@ -91,7 +92,8 @@ def nonfinite_rows(*arrays: Any, lse: Any = None) -> np.ndarray:
             b = ~torch.isfinite(a.sum(-1, dtype=ct))
             b = b.cpu().numpy()
         else:
-            b = ~np.isfinite(a.sum(axis=-1, dtype=_compute(a)))
+            with np.errstate(over="ignore", invalid="ignore"):
+                b = ~np.isfinite(a.sum(axis=-1, dtype=_compute(a)))
         bad = b if bad is None else bad | b
     if lse is not None:
         ls = _host(lse)
