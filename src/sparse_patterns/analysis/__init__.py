@@ -36,6 +36,7 @@ _LAZY = {
     "bottleneck": "cuts", "Bottleneck": "cuts",
     "budgets": "budget", "block_budgets": "budget", "budget_table": "budget",
     "HeadBudget": "budget", "BudgetTable": "budget",
+    "Printable": "_printable",
 }
 
 __all__ = ["MODES", *_LAZY]

@@ -165,7 +165,7 @@ def search_cmd(
     their error, listed on stderr. Exit status 1 when any candidate errored or failed a
     criterion, 2 for bad input, 130 on Ctrl-C.
     """
-    from ..search import SearchInterrupted, _plot, search  # noqa: PLC0415 - dask: only here
+    from ..search import PLOT_AXES, SearchInterrupted, search  # noqa: PLC0415 - dask: only here
 
     names, rest, ns = split_names(list(ctx.args), n, "16384,65536")
     axes: dict[str, Any] = parse_grid(grid)
@@ -182,8 +182,8 @@ def search_cmd(
     if scheduler is not None and workers is not None:
         raise UsageError("workers: --workers sizes the local cluster; a --scheduler has its "
                          "own workers (dask worker --nworkers N)")
-    if plot_x not in _plot.X_AXES:
-        raise UsageError(f"plot_x: must be one of {', '.join(_plot.X_AXES)}; got {shown(plot_x)}")
+    if plot_x not in PLOT_AXES:
+        raise UsageError(f"plot_x: must be one of {', '.join(PLOT_AXES)}; got {shown(plot_x)}")
     out = None
     if plot is not None:
         from ..render import check_output  # noqa: PLC0415

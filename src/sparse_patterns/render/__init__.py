@@ -18,6 +18,7 @@ from ._style import (
     QUERY_COLOR,
     combo_color,
     head_color,
+    new_axes,
     pattern_title,
 )
 from .analysis import HOP_LIMIT, hop_color, plot_hops, plot_scaling
@@ -33,5 +34,5 @@ __all__ = [
     "build_gallery", "hop_color", "HOP_LIMIT", "block_density", "auto_block", "check_raster",
     "pattern_title", "head_color", "combo_color", "HEAD_COLORS", "OKABE_ITO", "BACKGROUND",
     "QUERY_COLOR", "TOKEN_LIMIT", "save_figure", "FORMATS", "render_view", "VIEWS",
-    "plot_schedule", "schedule_hops", "schedule_figure", "SCHEDULE_LIMIT",
+    "plot_schedule", "schedule_hops", "schedule_figure", "SCHEDULE_LIMIT", "new_axes",
 ]

@@ -50,10 +50,11 @@ from ._cache import open_cache
 from ._cluster import WORKER_ENV, check_not_bootstrapping, close_all
 from ._cluster import connect as _connect
 from ._grid import MAX_CANDIDATES, _families, _grid, _ints, _recipes
+from ._plot import X_AXES as PLOT_AXES
 from ._result import SearchResult
 from ._tasks import MEASURES, normalize_measures, recipe_key, run_packed, unpack_row
 
-__all__ = ["search", "SearchResult", "SearchInterrupted", "MEASURES", "WORKER_ENV",
+__all__ = ["search", "SearchResult", "SearchInterrupted", "MEASURES", "WORKER_ENV", "PLOT_AXES",
            "MAX_CANDIDATES"]
 
 #: Seconds between two fetches of finished rows: those that finish meanwhile come in one

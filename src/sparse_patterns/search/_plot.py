@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..render._style import OKABE_ITO, new_axes
+from ..render import OKABE_ITO, new_axes
 from ._tasks import COSTS
 
 __all__ = ["plot_search", "X_AXES"]

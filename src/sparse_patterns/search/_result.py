@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..analysis._printable import Printable
+from ..analysis import Printable
 from ._tasks import COSTS, FIELDS
 
 __all__ = ["SearchResult", "COSTS"]
