@@ -28,6 +28,7 @@ import torch
 from . import config
 from .kernels import attention, attention_backward, backend_names, get_backend, plan
 from .kernels.backend import choose
+from .kernels.exact_rows import nonfinite_rows
 from .pattern import Pattern
 
 __all__ = ["SparseAttention", "sparse_attention", "check_impl"]
@@ -183,7 +184,13 @@ def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: Pattern, mo
     pieces, each on its own compiled kernel, on CUDA) are not traced."""
     be, pat, pl = choose(impl, {"q": q, "k": k, "v": v}, pattern, mode, block)
     if be.autograd:
-        return be.differentiable(q, k, v, pl, pattern=pat, scale=scale)
+        out = be.differentiable(q, k, v, pl, pattern=pat, scale=scale)
+        if not nonfinite_rows(out.detach()).shape[0]:
+            return out
+        # a non-finite row, maybe one that a fused kernel's masked pairs spoilt (0 * NaN):
+        # the backend's own graph would carry that into the gradients too, so this call
+        # runs through attention() and attention_backward(), which recompute such rows
+        # exactly (the common, finite case costs one sum of ``out``)
     return _SparseAttentionFunction.apply(q, k, v, pl, pattern, scale, be.name)
 
 

@@ -122,16 +122,20 @@ def test_torch_tensors_in_and_out() -> None:
     _check(lse.numpy(), lse_r, np.float32, "lse")
 
 
-def test_sparse_attention_gradients() -> None:
-    """The autograd module's gradients (numba's backward) are exact row by row too."""
+@pytest.mark.parametrize("impl", ["numba", "torch"])
+def test_sparse_attention_gradients(impl: str) -> None:
+    """The autograd function's gradients are exact row by row too: numba's backward, and
+    torch's (differentiated by autograd unless a row is not finite)."""
     torch = pytest.importorskip("torch")
+    if impl == "torch":
+        pytest.importorskip("torch.nn.attention.flex_attention")
     from sparse_patterns.torch import sparse_attention
 
     pat, mode = PATTERNS["strided-merged"]
     x = _inputs(pat.n, INPUTS["inf-v"])
     out_r, _, grads_r = _reference(x, pat, mode)
     t = {k: torch.from_numpy(v.copy()).requires_grad_(k != "do") for k, v in x.items()}
-    out = sparse_attention(t["q"], t["k"], t["v"], pat, mode=mode, impl="numba")
+    out = sparse_attention(t["q"], t["k"], t["v"], pat, mode=mode, impl=impl)
     out.backward(t["do"])
     _check(out.detach().numpy(), out_r, np.float64, "out")
     for name, gr in zip("qkv", grads_r, strict=True):
