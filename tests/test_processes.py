@@ -62,3 +62,20 @@ def test_attention_in_children_and_threads_after_the_parent(case, tmp_path):
     res = subprocess.run([sys.executable, str(script), case], capture_output=True, text=True,
                          timeout=240, cwd=tmp_path)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
+
+
+def test_attention_in_threads_on_the_workqueue_layer(tmp_path):
+    # workqueue is not thread-safe: three threads entering the CPU kernel at once aborted the
+    # process (SIGABRT); the backend now runs one call at a time on that layer
+    import os
+
+    script = tmp_path / "child.py"
+    script.write_text(SCRIPT + textwrap.dedent("""
+        import numba
+        assert numba.threading_layer() == "workqueue", numba.threading_layer()
+    """))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+    env["NUMBA_THREADING_LAYER"] = "workqueue"
+    res = subprocess.run([sys.executable, str(script), "threads"], capture_output=True, text=True,
+                         timeout=240, cwd=tmp_path, env=env)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", (res.returncode, res.stderr[-2000:])

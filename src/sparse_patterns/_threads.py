@@ -22,19 +22,35 @@ traceback far from the cause; each decision is one line on stderr, once per proc
 - ``NUMBA_NUM_THREADS`` that is not an integer >= 1 (numba raised at the first
   parallel kernel): numba's default, every CPU;
 - ``NUMBA_THREADING_LAYER=tbb`` (or ``safe``) where TBB cannot be loaded (numba raised
-  "No threading layer could be loaded" at the first parallel kernel): numba's default.
+  "No threading layer could be loaded" at the first parallel kernel): numba's default;
+- ``NUMBA_DISABLE_JIT=1``: numba would run the kernels as plain Python, where their LLVM
+  intrinsics cannot run (``NotImplementedError: <intrinsic _wide> is not usable in
+  pure-python`` deep in a call); said at import, and the kernels that need numba
+  (``impl="numba"``, the exact verification) refuse with :func:`refuse_uncompiled`;
+- a full disk under numba's cache (``OSError: [Errno 28]`` when numba saves compiled code
+  after compiling it, failing the call that compiled): the package's functions run
+  uncached for the rest of the process, said once with the cache directory.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
+import importlib.abc
+import importlib.util
 import os
 import stat
 import sys
 import tempfile
 from importlib import metadata
+from typing import Any
 
-__all__ = ["choose", "settle", "TBB_MIN_INTERFACE"]
+__all__ = ["choose", "settle", "TBB_MIN_INTERFACE", "jit_disabled", "refuse_uncompiled",
+           "FULL_DISK"]
+
+#: errno values of a write that failed for want of room (or of a writable file system).
+FULL_DISK = frozenset(e for e in (errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EROFS)
+                      if e is not None)
 
 #: The oldest TBB interface version numba's layer accepts (TBB 2021.6).
 TBB_MIN_INTERFACE = 12060
@@ -223,6 +239,114 @@ def _tbb_loads() -> bool:
     return False
 
 
+def _jit_setting() -> str | None:
+    """``NUMBA_DISABLE_JIT`` when it asks numba to run uncompiled (a non-zero integer)."""
+    value = os.environ.get("NUMBA_DISABLE_JIT", "").strip()
+    try:
+        return value if int(value) else None
+    except ValueError:
+        return None
+
+
+def jit_disabled() -> str | None:
+    """The ``NUMBA_DISABLE_JIT`` value when numba's JIT is off in this process, else None.
+
+    Examples
+    --------
+    >>> jit_disabled() is None or jit_disabled() != "0"
+    True
+    """
+    config = getattr(getattr(sys.modules.get("numba"), "core", None), "config", None)
+    if config is not None:
+        return (os.environ.get("NUMBA_DISABLE_JIT", "").strip() or "1") if config.DISABLE_JIT \
+            else None
+    return _jit_setting()
+
+
+def refuse_uncompiled(what: str, instead: str = "") -> None:
+    """Raise a one-line ``ValueError`` naming ``NUMBA_DISABLE_JIT`` when numba's JIT is off:
+    ``what`` needs numba's compiled kernels (their LLVM intrinsics have no Python form).
+
+    Examples
+    --------
+    >>> refuse_uncompiled("the exact verification") if jit_disabled() is None else None
+    """
+    value = jit_disabled()
+    if value is not None:
+        raise ValueError(f"NUMBA_DISABLE_JIT={value}: {what} runs numba-compiled kernels, which "
+                         f"do not run uncompiled; unset NUMBA_DISABLE_JIT{instead}")
+
+
+def _settle_jit() -> None:
+    value = _jit_setting()
+    if value is not None:
+        _note(f"NUMBA_DISABLE_JIT={value}: numba's JIT is off; the package's numba kernels "
+              "(attention with impl='numba', the exact verification) refuse to run uncompiled "
+              "(unset NUMBA_DISABLE_JIT)")
+
+
+_FULL: list[str] = []
+
+
+def _guard_cache_writes(caching: Any) -> None:
+    """Make numba's cache write of a package function that finds the disk full (or read-only)
+    say so once and leave the function uncached, instead of failing the call that compiled it."""
+    save = caching.Cache.save_overload
+    if getattr(save, "sparse_patterns_guard", False):
+        return
+    root = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+    def save_overload(self: Any, sig: Any, data: Any) -> None:
+        code = getattr(getattr(self, "_py_func", None), "__code__", None)
+        ours = code is not None and code.co_filename.startswith(root)
+        if ours and _FULL:
+            return  # the cache directory was full: the package's functions run uncached
+        try:
+            save(self, sig, data)
+        except OSError as exc:
+            if not ours or exc.errno not in FULL_DISK:
+                raise
+            where = getattr(self, "_cache_path", None) or exc.filename
+            _FULL.append(str(where))
+            _note(f"numba's cache directory {str(where)!r} cannot be written "
+                  f"({os.strerror(exc.errno)}): compiled code is not cached in this process "
+                  "(free space there, or set NUMBA_CACHE_DIR to another directory)")
+
+    save_overload.sparse_patterns_guard = True  # type: ignore[attr-defined]
+    caching.Cache.save_overload = save_overload
+
+
+class _CachingHook(importlib.abc.MetaPathFinder):
+    """Guards numba's cache writes (:func:`_guard_cache_writes`) when ``numba.core.caching``
+    is first imported, so ``import sparse_patterns`` does not import numba."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "numba.core.caching":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            _guard_cache_writes(module)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _settle_cache_writes() -> None:
+    caching = sys.modules.get("numba.core.caching")
+    if caching is not None:
+        _guard_cache_writes(caching)
+    elif not any(isinstance(f, _CachingHook) for f in sys.meta_path):
+        sys.meta_path.insert(0, _CachingHook())
+
+
 def settle() -> list[str]:
     """Decide the numba settings that would otherwise fail later (see the module docstring),
     once; returns the lines said on stderr.
@@ -236,4 +360,6 @@ def settle() -> list[str]:
         settle.done = True  # type: ignore[attr-defined]
         _settle_threads()
         _settle_cache()
+        _settle_jit()
+        _settle_cache_writes()
     return list(_SETTLED)

@@ -26,6 +26,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from .._threads import refuse_uncompiled
 from ._bits import ctz, first_zero, or_run, or_run_extract, popcount, set_bit
 
 __all__ = [
@@ -821,5 +822,6 @@ del _f
 
 def pick(name, n):
     """The compiled kernel ``name``: the parallel form for n >= SERIAL_BELOW, else the serial one."""
+    refuse_uncompiled("the exact verification")
     par, ser = _FORMS[name]
     return par if n >= SERIAL_BELOW else ser

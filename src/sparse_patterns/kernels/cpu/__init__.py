@@ -46,8 +46,11 @@ numba invalidates a cached function only when its own file changes: after editin
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Any
 
+from ..._threads import jit_disabled, refuse_uncompiled
 from ..backend import Backend
 from ._backward import backward, backward_bf16
 from ._bf16 import (
@@ -71,6 +74,24 @@ __all__ = ["BACKEND", "forward", "forward_bf16", "amx_applies", "amx_products_he
            "pooled_array"]
 
 
+_LOCK = threading.Lock()
+
+
+def _one_at_a_time() -> Any:
+    """The module lock where numba's threading layer is ``workqueue``, else a no-op context:
+    that layer is not thread-safe (parallel kernels entered from two Python threads at once
+    abort the process). Before any parallel kernel has run the configured layer decides, and
+    ``default`` (workqueue where TBB and OpenMP do not load) takes the lock too."""
+    import numba  # noqa: PLC0415
+
+    try:
+        layer = numba.threading_layer()
+    except ValueError:  # no parallel kernel has run yet
+        layer = str(numba.config.THREADING_LAYER)
+        layer = "workqueue" if layer == "default" else layer
+    return _LOCK if layer == "workqueue" else contextlib.nullcontext()
+
+
 class _Numba(Backend):
     """``impl="numba"``: the fused CPU kernels on NumPy arrays or CPU torch tensors."""
 
@@ -80,8 +101,19 @@ class _Numba(Backend):
     kinds = ("numpy", "torch")
     blocks = {"cpu": 32}
 
+    def more_reasons(self, inputs: Any, plan: Any, pattern: Any) -> list[str]:
+        value = jit_disabled()
+        return [] if value is None else [f"NUMBA_DISABLE_JIT={value}: impl='numba' needs numba's "
+                                         "JIT (unset NUMBA_DISABLE_JIT)"]
+
     def forward(self, q: Any, k: Any, v: Any, plan: Any, *, pattern: Any = None,
                 scale: float | None = None, return_lse: bool = False) -> Any:
+        refuse_uncompiled("impl='numba'")
+        with _one_at_a_time():
+            return self._forward(q, k, v, plan, scale=scale, return_lse=return_lse)
+
+    def _forward(self, q: Any, k: Any, v: Any, plan: Any, *, scale: float | None,
+                 return_lse: bool) -> Any:
         from ..inputs import HostArrays, check_scale  # noqa: PLC0415 - it imports this package
 
         x = HostArrays({"q": q, "k": k, "v": v}, plan.n, widen_half=False)
@@ -97,6 +129,12 @@ class _Numba(Backend):
 
     def backward(self, q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, plan: Any, *,
                  pattern: Any = None, scale: float | None = None) -> tuple[Any, Any, Any]:
+        refuse_uncompiled("impl='numba'")
+        with _one_at_a_time():
+            return self._backward(q, k, v, o, lse, do, plan, scale=scale)
+
+    def _backward(self, q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, plan: Any, *,
+                  scale: float | None) -> tuple[Any, Any, Any]:
         from ..inputs import HostArrays, check_scale  # noqa: PLC0415
 
         x = HostArrays({"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, plan.n,

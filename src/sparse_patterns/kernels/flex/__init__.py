@@ -55,10 +55,12 @@ table per element.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from typing import Any
 
 from ... import config
+from ..._threads import FULL_DISK
 from ..._validate import check_choice
 from ...pattern import Pattern
 from ..backend import Backend, Inputs, as_tensors, grads_by_autograd, merge_by_lse
@@ -141,10 +143,39 @@ def _compiled(torch: Any, flex: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
             with cfg.patch(recompile_limit=max(RECOMPILE_LIMIT, cfg.recompile_limit),
                            fail_on_recompile_limit_hit=True):
-                return fn(*args, **kwargs)
+                try:
+                    return fn(*args, **kwargs)
+                except Exception as exc:
+                    full = _no_room(exc)
+                    if full is None:
+                        raise
+                    raise full from None
 
         _COMPILED["flex"] = call
     return _COMPILED["flex"]
+
+
+def _no_room(exc: BaseException) -> OSError | None:
+    """An ``OSError`` naming ``TMPDIR`` when the compile failed writing its files for want of
+    room (or of a writable file system): inductor writes its code and cache under the temporary
+    directory, and dynamo wraps the ``OSError`` (``BackendCompilerFailed``); None otherwise."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in FULL_DISK:
+            import tempfile  # noqa: PLC0415
+
+            where = e.filename or tempfile.gettempdir()
+            return OSError(e.errno, f"TMPDIR: torch.compile (inductor) cannot write its files "
+                           f"under {str(where)!r} ({os.strerror(e.errno)}); free space there or "
+                           f"set TMPDIR (or TORCHINDUCTOR_CACHE_DIR) to a writable directory "
+                           f"with room (TMPDIR={os.environ.get('TMPDIR', '')!r})")
+        todo += [e.__cause__, e.__context__, getattr(e, "inner_exception", None)]
+    return None
 
 
 def _eager(torch: Any, q: Any, k: Any, v: Any, bm: Any, scale: float) -> tuple[Any, Any]:
