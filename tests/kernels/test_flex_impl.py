@@ -24,8 +24,8 @@ pytest.importorskip("torch.nn.attention.flex_attention")
 import sparse_patterns as sps  # noqa: E402
 from sparse_patterns import Pattern, config  # noqa: E402
 from sparse_patterns.export import from_flex_block_mask  # noqa: E402
-from sparse_patterns.kernels.flex import _masks as fm  # noqa: E402
 from sparse_patterns.kernels import attention, attention_backward, flex, plan  # noqa: E402
+from sparse_patterns.kernels.flex import _masks as fm  # noqa: E402
 from sparse_patterns.kernels.reference import reference_backward, reference_forward  # noqa: E402
 from sparse_patterns.torch import SparseAttention, sparse_attention  # noqa: E402
 

@@ -600,7 +600,7 @@ def parse_list(text: str) -> list[str]:
 #: Largest ``--schedule`` JSON file read (bytes).
 MAX_SCHEDULE_FILE = 1 << 20
 
-#: Most layers a ``--schedule`` may have.
+#: Most layers a ``--schedule`` may have: more than any model has, a bound on the input.
 MAX_LAYERS = 256
 
 #: Layer parameters a schedule may not give: the command sets them for every layer.
@@ -669,8 +669,8 @@ def parse_schedule(text: str, n: int, documents: list[int] | None = None) -> lis
     if not items:
         raise UsageError(f"schedule: needs at least one layer, got {shown(text)}")
     if len(items) > MAX_LAYERS:
-        raise UsageError(f"schedule: {len(items):,} layers; at most {MAX_LAYERS} (the exact "
-                         "check's work per output grows with the cube of the layer count)")
+        raise UsageError(f"schedule: {len(items):,} layers; at most {MAX_LAYERS} (more than "
+                         "a model has; each layer adds a pass of the exact check)")
     out = []
     for k, (name, params) in enumerate(items):
         if not name:

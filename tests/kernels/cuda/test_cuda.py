@@ -28,8 +28,8 @@ pytest.importorskip("numba.cuda")
 
 import sparse_patterns as sps  # noqa: E402
 from sparse_patterns import Pattern  # noqa: E402
-from sparse_patterns.kernels import inputs as kinputs  # noqa: E402
 from sparse_patterns.kernels import cuda as kc  # noqa: E402
+from sparse_patterns.kernels import inputs as kinputs  # noqa: E402
 from sparse_patterns.kernels import plan  # noqa: E402
 from sparse_patterns.kernels.cuda import _detect as kdetect  # noqa: E402
 from sparse_patterns.kernels.cuda import _kernels as kkernels  # noqa: E402
