@@ -60,7 +60,7 @@ def test_read_only_install_caches_in_a_private_directory(tmp_path):
         import os, numpy as np
         import sparse_patterns as sps
         import sparse_patterns.kernels  # decorates its kernels: each needs a cache locator
-        from sparse_patterns._stream import _kernel
+        from sparse_patterns.util.stream import _kernel
         sel = np.array([[False, True, True], [True, False, False]])
         counts, order = np.zeros(2, np.int64), np.zeros((2, 3), np.int64)
         _kernel()(sel, counts, order)  # a small @njit(cache=True) function, compiled and cached
@@ -158,7 +158,7 @@ def test_full_disk_under_numba_cache_runs_uncached_and_says_so_once(tmp_path, nu
         def full(self, path):  # numba's cache writer, on a full disk
             raise OSError(errno.ENOSPC, "No space left on device", path)
         caching.IndexDataCacheFile._open_for_write = full
-        from sparse_patterns._stream import _kernel
+        from sparse_patterns.util.stream import _kernel
         sel = np.array([[False, True, True], [True, False, False]])
         counts, order = np.zeros(2, np.int64), np.zeros((2, 3), np.int64)
         _kernel()(sel, counts, order)  # compiled, then the cache write fails

@@ -43,9 +43,9 @@ torch.Size([2, 4, 4])
 
 from __future__ import annotations
 
-from ._threads import choose as _choose_threading_layer
-from ._threads import settle as _settle_numba
 from .util.lazy import lazy_attributes
+from .util.threads import choose as _choose_threading_layer
+from .util.threads import settle as _settle_numba
 
 __version__ = "0.1.0"
 

@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import scipy.sparse as sp
 
-from ._rule import CHUNK_ENTRIES, PatternRule
-from ._validate import MAX_N, _repr_text
 from .layout import BlockLayout
 from .pattern import Pattern
+from .rule import CHUNK_ENTRIES, PatternRule
+from .util.checks import MAX_N, repr_text
 
 if TYPE_CHECKING:
     from .patterns.formulas import Rule
@@ -112,7 +112,7 @@ def _short(text: str) -> str:
 
 def _check(op: Any, patterns: tuple[Any, ...]) -> None:
     if not isinstance(op, str) or op not in OPS:
-        raise ValueError(f"op: must be one of {', '.join(map(repr, OPS))}; got {_repr_text(op)}")
+        raise ValueError(f"op: must be one of {', '.join(map(repr, OPS))}; got {repr_text(op)}")
     if len(patterns) < 2 or (op == "-" and len(patterns) != 2):
         want = "exactly 2" if op == "-" else "at least 2"
         raise ValueError(f"patterns: {op!r} takes {want} patterns, got {len(patterns)}")
@@ -377,9 +377,9 @@ class _Reader:
         if self.nodes > MAX_NODES:
             raise self.fail(path, f"a recipe holds at most {MAX_NODES} nodes")
         if not isinstance(node, Mapping):
-            raise self.fail(path, f"expected a JSON object, got {_repr_text(node)}")
+            raise self.fail(path, f"expected a JSON object, got {repr_text(node)}")
         if "n" in node and (not _int(node["n"]) or node["n"] != self.n):
-            raise self.fail(path, f"n={_repr_text(node['n'])} differs from the recipe's n={self.n}")
+            raise self.fail(path, f"n={repr_text(node['n'])} differs from the recipe's n={self.n}")
         if "op" in node:
             return self._op(node, path, depth, extra)
         if "pattern" in node:
@@ -395,12 +395,12 @@ class _Reader:
         self._keys(node, path, {"op", "args", "n", *extra})
         op, args = node["op"], node.get("args")
         if not isinstance(op, str) or op not in OPS:
-            raise self.fail(path, f"op must be one of {', '.join(map(repr, OPS))}, got {_repr_text(op)}")
+            raise self.fail(path, f"op must be one of {', '.join(map(repr, OPS))}, got {repr_text(op)}")
         if depth + 1 > MAX_DEPTH:
             raise self.fail(path, f"operators nest deeper than {MAX_DEPTH}")
         if not isinstance(args, list) or len(args) < 2 or (op == "-" and len(args) != 2):
             want = "exactly 2" if op == "-" else "at least 2"
-            got = f"{len(args)} of them" if isinstance(args, list) else _repr_text(args)
+            got = f"{len(args)} of them" if isinstance(args, list) else repr_text(args)
             raise self.fail(path, f"{op!r} takes a list 'args' of {want} nodes, got {got}")
         parts = [self.read(a, f"{path}.args[{k}]", depth + 1) for k, a in enumerate(args)]
         try:
@@ -414,15 +414,15 @@ class _Reader:
         self._keys(node, path, {"pattern", "params", "n", *extra})
         name, params = node["pattern"], node.get("params", {})
         if not isinstance(name, str):
-            raise self.fail(path, f"'pattern' must be a pattern name, got {_repr_text(name)}")
+            raise self.fail(path, f"'pattern' must be a pattern name, got {repr_text(name)}")
         if not isinstance(params, Mapping) or not all(isinstance(k, str) for k in params):
-            raise self.fail(path, f"'params' must be a JSON object, got {_repr_text(params)}")
+            raise self.fail(path, f"'params' must be a JSON object, got {repr_text(params)}")
         for k, v in params.items():
             flat = v is None or isinstance(v, (bool, int, float, str))
             ints = isinstance(v, list) and all(_int(x) for x in v)
             if not (flat or (k == "documents" and ints)):
                 raise self.fail(path, f"param {k[:40]!r} must be a number, string, boolean or "
-                                      f"null (documents: a list of integers), got {_repr_text(v)}")
+                                      f"null (documents: a list of integers), got {repr_text(v)}")
         try:
             return registry.make(name, self.n, **params)
         except (ValueError, TypeError, OverflowError) as exc:
@@ -472,10 +472,10 @@ def from_expression(recipe: Any, *, where: str = "recipe") -> Pattern:
     """
     if not isinstance(recipe, Mapping):
         raise ValueError(f"{where}: an expression recipe must be a JSON object, got "
-                         f"{_repr_text(recipe)}")
+                         f"{repr_text(recipe)}")
     n = recipe.get("n")
     if not _int(n) or not 1 <= n <= MAX_N:
-        raise ValueError(f"{where}: n must be an integer in [1, {MAX_N}], got {_repr_text(n)}")
+        raise ValueError(f"{where}: n must be an integer in [1, {MAX_N}], got {repr_text(n)}")
     return _Reader(where, n).read(recipe, "expression", 0, frozenset({"version", "generator"}))
 
 

@@ -67,7 +67,7 @@ class Param:
 
     def convert(self, value: Any, n: int) -> Any:
         """Convert a CLI string or Python value, resolving ``sqrt``/``cbrt``."""
-        from ._validate import check_bool, check_int  # noqa: PLC0415 (keeps NumPy out of `list`)
+        from .util.checks import check_bool, check_int  # noqa: PLC0415 (keeps NumPy out of `list`)
 
         if self.follows_n and isinstance(value, str) and value in _FOLLOW:
             return root_of(n, _FOLLOW[value])

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from ._rule import PatternRule
-from ._validate import _repr_text, check_int
 from .pattern import Pattern
+from .rule import PatternRule
+from .util.checks import check_int, repr_text
 
 __all__ = ["document_offsets", "packed", "within"]
 
@@ -67,15 +67,15 @@ def document_offsets(documents: Any, n: int) -> np.ndarray:
         return np.array([0, n], dtype=np.int64)
     if isinstance(documents, (str, bytes, dict)) or np.ndim(documents) != 1:
         raise ValueError(f"documents: expected a 1-D sequence of document lengths or cu_seqlens "
-                         f"offsets, got {_repr_text(documents)}")
+                         f"offsets, got {repr_text(documents)}")
     if isinstance(documents, (list, tuple)) and any(
             isinstance(x, (bool, np.bool_)) for x in documents):
-        raise ValueError(f"documents: expected integers, got {_repr_text(documents)}")
+        raise ValueError(f"documents: expected integers, got {repr_text(documents)}")
     a = np.asarray(documents)
     if a.size == 0:
         raise ValueError("documents: needs at least one document, got an empty sequence")
     if a.dtype.kind not in "iu":
-        raise ValueError(f"documents: expected integers, got {_repr_text(documents)}")
+        raise ValueError(f"documents: expected integers, got {repr_text(documents)}")
     off = bool(a[0] == 0)  # cu_seqlens offsets; else lengths
     what, lo = ("offsets", 0) if off else ("lengths", 1)
     bad = np.flatnonzero((a < lo) | (a > n))
@@ -96,7 +96,7 @@ def document_offsets(documents: Any, n: int) -> np.ndarray:
             )
         if a.size < 2 or a[-1] != n:
             raise ValueError(f"documents: cu_seqlens offsets must end at n={n}, "
-                             f"got {_repr_text(a.tolist())}")
+                             f"got {repr_text(a.tolist())}")
         return a
     total = int(a.sum())  # every term <= n < 2^31, so no overflow below 2^32 documents
     if total != n:

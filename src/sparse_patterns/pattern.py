@@ -20,8 +20,8 @@ import scipy.sparse as sp
 
 from . import config
 from ._csr import check_csr, freeze, text_picture, union_rows, upper_entry
-from ._modes import KERNEL_MODES, MODES, Mode
-from ._rule import (
+from .layout import BlockLayout, check_block
+from .rule import (
     CHUNK_ENTRIES,
     PatternRule,
     check_counts_fit,
@@ -29,8 +29,8 @@ from ._rule import (
     csr_bytes,
     csr_spans,
 )
-from ._validate import check_binary
-from .layout import BlockLayout, check_block
+from .util.checks import check_binary
+from .util.modes import KERNEL_MODES, MODES, Mode
 
 __all__ = [
     "Pattern", "BlockLayout", "PatternRule", "Mode", "MODES", "KERNEL_MODES", "DENSE_LIMIT",

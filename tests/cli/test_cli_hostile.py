@@ -30,10 +30,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from sparse_patterns import _atomic, config
+from sparse_patterns import config
 from sparse_patterns.catalog import CATALOG
 from sparse_patterns.cli import _args as _cliargs
 from sparse_patterns.cli import app
+from sparse_patterns.util import files as _atomic
 
 runner = CliRunner()
 EXAMPLES = int(os.environ.get("SPARSE_PATTERNS_FUZZ_EXAMPLES", "100"))
@@ -196,7 +197,7 @@ def test_bad_options_are_one_line_with_the_range(args, line):
 
 
 def test_cli_and_library_agree_on_the_largest_n():
-    from sparse_patterns._validate import MAX_N as lib_max
+    from sparse_patterns.util.checks import MAX_N as lib_max
 
     assert _cliargs.MAX_N == lib_max == MAX_N
 
@@ -360,7 +361,7 @@ def test_ctrl_c_while_the_command_starts_exits_130(tmp_path):
 
 SLOW_WRITE = """
 import os, signal, sys, time
-from sparse_patterns._atomic import atomic_write
+from sparse_patterns.util.files import atomic_write
 def slow(f):
     f.write(b"partial")
     f.flush()

@@ -290,7 +290,7 @@ def test_what_cannot_be_streamed_is_refused_before_writing(tmp_path):
 
 
 def test_ordered_into_matches_a_stable_sort():
-    from sparse_patterns._stream import ordered_into
+    from sparse_patterns.util.stream import ordered_into
 
     rng = np.random.default_rng(0)
     for shape in ((1, 1), (3, 7), (16, 16), (5, 40)):
@@ -305,7 +305,7 @@ def test_ordered_into_matches_a_stable_sort():
 
 @pytest.mark.parametrize("shape", [(1, 1), (5, 7), (31, 33), (64, 64), (130, 65), (1, 200)])
 def test_ordering_of_a_transposed_view_equals_a_contiguous_copy(shape):
-    from sparse_patterns._stream import ordered_into
+    from sparse_patterns.util.stream import ordered_into
 
     a = np.random.default_rng(shape[0] * 1000 + shape[1]).random(shape) < 0.3
     got = np.empty(shape[1], np.int32), np.empty(shape[::-1], np.int32)

@@ -19,7 +19,6 @@ import pytest
 
 import sparse_patterns as sps
 from sparse_patterns import config
-from sparse_patterns._validate import NO_LOWER_BOUND, check_int
 from sparse_patterns.catalog import CATALOG, Param
 from sparse_patterns.kernels import Backend, attention, get_backend, plan, register_backend
 from sparse_patterns.kernels.backend import unregister
@@ -33,6 +32,7 @@ from sparse_patterns.pattern import Pattern
 from sparse_patterns.patterns import resolve
 from sparse_patterns.patterns.bigbird import _bigbird_blocks, _entries_bound
 from sparse_patterns.testing import attention_masks, attention_oracle, dense_oracle
+from sparse_patterns.util.checks import NO_LOWER_BOUND, check_int
 
 
 def one_line(err: pytest.ExceptionInfo) -> str:

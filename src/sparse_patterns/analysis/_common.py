@@ -20,8 +20,8 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from .._validate import check_bool, check_choice, check_int
 from ..pattern import MODES, Pattern
+from ..util.checks import check_bool, check_choice, check_int
 from . import _numba as K
 
 __all__ = [

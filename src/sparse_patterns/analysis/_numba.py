@@ -26,7 +26,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .._threads import refuse_uncompiled
+from ..util.threads import refuse_uncompiled
 from ._bits import ctz, first_zero, or_run, or_run_extract, popcount, set_bit
 
 __all__ = [

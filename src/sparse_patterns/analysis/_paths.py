@@ -13,8 +13,8 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from .._validate import check_int
 from ..pattern import Pattern
+from ..util.checks import check_int
 from . import _numba as K
 from ._common import Steps, as_pattern, check_common, chunk, nthreads, step_mats
 from .report import Explanation

@@ -28,8 +28,8 @@ from typing import Any
 import numba
 import numpy as np
 
-from .._validate import check_bool, check_choice
 from ..pattern import MODES, BlockLayout, Pattern
+from ..util.checks import check_bool, check_choice
 from . import _numba as K
 from ._common import (
     as_pattern,

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from .._validate import check_int
 from ..pattern import Pattern
+from ..util.checks import check_int
 
 __all__ = ["Bottleneck", "bottleneck", "BOTTLENECK_LIMIT"]
 

@@ -30,17 +30,18 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import config
-from .._stream import check_fits
-from .._validate import check_bool, check_choice, check_int
 from ..documents import document_offsets
 from ..pattern import MODES, Pattern
+from ..util.checks import check_bool, check_choice, check_int
+from ..util.stream import check_fits
 from . import _numba as K
 from ._common import nthreads, row_sizes, runs, steps
 from ._paths import EXPLAIN_LIMIT, METHODS, _check_progress, explain
 from ._printable import Printable
 from .report import Explanation, _mark
 
-__all__ = ["ScheduleReport", "verify_schedule", "document_offsets", "verify_as_schedule"]
+__all__ = ["ScheduleReport", "verify_schedule", "document_offsets", "verify_as_schedule",
+           "check_layers"]
 
 #: Largest number of entries of a document's layers for which ``explain_failure`` builds their CSR.
 EXPLAIN_ENTRIES = 1 << 24
@@ -56,7 +57,19 @@ Runs = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 # ----------------------------------------------------------------------- input
-def _check_layers(layers: Any) -> list[Pattern]:
+def check_layers(layers: Any) -> list[Pattern]:
+    """``layers`` as a list of Patterns of one ``n``; a one-line ``ValueError`` otherwise.
+
+    Examples
+    --------
+    >>> import sparse_patterns as sps
+    >>> len(check_layers([sps.make("local", 8, window=2)] * 3))
+    3
+    >>> check_layers([])
+    Traceback (most recent call last):
+    ...
+    ValueError: layers: a schedule needs at least one layer, got an empty sequence
+    """
     if isinstance(layers, Pattern):
         raise ValueError("layers: expected a list of Patterns (one per layer), got one Pattern; "
                          "use verify() for a single pattern")
@@ -459,7 +472,7 @@ def verify_schedule(
     (True, (52, 72), True, (0, 8, 5), (6, 64))
     """
     t0 = time.perf_counter()
-    layers = _check_layers(layers)
+    layers = check_layers(layers)
     residual = check_bool("residual", residual)
     explain_failure = check_bool("explain_failure", explain_failure)
     n = layers[0].n
@@ -550,7 +563,7 @@ def verify_as_schedule(
     ...
     ValueError: p: a schedule of 2 layers is verified with p = 2 (one step per layer), got p=3
     """
-    layers = _check_layers(layers)
+    layers = check_layers(layers)
     P = len(layers)
     if p is not None and check_int("p", p, 1) != P:
         raise ValueError(f"p: a schedule of {P} layers is verified with p = {P} (one step per "

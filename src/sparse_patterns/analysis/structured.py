@@ -65,8 +65,8 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import check_bool, check_choice, check_int
 from ..pattern import MODES, Pattern
+from ..util.checks import check_bool, check_choice, check_int
 from ._structured_numba import DEPTH, TALLY, offset_sets, run, runs_of
 from .report import VerifyReport
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import check_int
 from ..patterns import registry
+from ..util.checks import check_int
 from ._printable import Printable
 
 __all__ = ["ScalingTable", "scaling"]

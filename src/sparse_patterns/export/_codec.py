@@ -23,9 +23,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import config
-from .._stream import check_load
-from .._validate import MAX_N
 from ..pattern import CHUNK_ENTRIES, Pattern
+from ..util.checks import MAX_N
+from ..util.stream import check_load
 
 __all__ = [
     "FORMAT_VERSION", "MAX_HEADS", "MAX_META", "MAX_INFLATE", "INDEX_DTYPES", "CHECK_CHUNK",

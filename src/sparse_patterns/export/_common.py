@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from .._stream import check_fits
-from .._validate import check_choice, check_int
 from ..pattern import KERNEL_MODES, BlockLayout, Pattern
+from ..util.checks import check_choice, check_int
+from ..util.stream import check_fits
 
 __all__ = ["head_plan", "head_layouts", "to_torch"]
 

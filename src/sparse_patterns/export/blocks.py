@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .._stream import check_fits
-from .._validate import MAX_N, check_bool, check_choice, check_int
 from ..pattern import BlockLayout, Pattern
+from ..util.checks import MAX_N, check_bool, check_choice, check_int
+from ..util.stream import check_fits
 from ._common import head_layouts, head_plan, to_torch
 from .formats import LAYOUT_FORMATS
 

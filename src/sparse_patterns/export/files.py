@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .._validate import check_int
 from ..pattern import Pattern
+from ..util.checks import check_int
 from .formats import FILE_FORMATS, FORMATS, by_suffix
 
 __all__ = ["save", "load", "export_pattern", "ExportResult"]

@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from .._stream import check_fits, chunk_rows, ordered_into
-from .._validate import check_choice, check_int
 from ..pattern import DENSE_LIMIT, Pattern
 from ..patterns.formulas import DOCUMENT_FORMULAS_LIMIT, formula_of
+from ..util.checks import check_choice, check_int
+from ..util.stream import check_fits, chunk_rows, ordered_into
 from ._common import head_plan
 
 __all__ = [

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from .._atomic import atomic_write
-from .._stream import check_load
-from .._validate import MAX_N, check_choice
 from ..pattern import Pattern
+from ..util.checks import MAX_N, check_choice
+from ..util.files import atomic_write
+from ..util.stream import check_load
 from ._codec import (
     FORMAT_VERSION,
     MAX_HEADS,

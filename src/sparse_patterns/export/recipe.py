@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
-from .._atomic import atomic_write
-from .._validate import MAX_N
 from ..pattern import Pattern
+from ..util.checks import MAX_N
+from ..util.files import atomic_write
 from ._codec import (
     FORMAT_VERSION,
     MAX_META,

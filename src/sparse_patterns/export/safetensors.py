@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .._atomic import atomic_write
-from .._stream import chunk_rows, index_dtype
 from ..pattern import Pattern
+from ..util.files import atomic_write
+from ..util.stream import chunk_rows, index_dtype
 from ._codec import (
     MAX_HEADS,
     MAX_META,

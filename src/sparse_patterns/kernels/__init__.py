@@ -21,8 +21,8 @@ import math
 from enum import Enum
 from typing import Any
 
-from .._validate import check_bool
 from ..pattern import Pattern
+from ..util.checks import check_bool
 from .backend import AUTO, Backend, Inputs, choose
 from .backend import get as get_backend
 from .backend import names as backend_names

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import check_int
 from ..pattern import Pattern
+from ..util.checks import check_int
 from .cpu import HALF_KINDS, narrow, pooled_array, widen
 from .planning import ExecutionPlan, cached_plan, check_mode
 

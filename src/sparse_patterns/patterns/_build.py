@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from .._rule import residue_order
 from ..pattern import BlockLayout, PatternRule
+from ..rule import residue_order
 
 __all__ = [
     "csr", "progression_csr", "prefix_csr", "blocks_csr", "block_row_counts", "local2d_csr",

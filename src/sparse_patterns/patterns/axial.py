@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validate import MAX_N, check_bool, check_int
 from ..pattern import Pattern
+from ..util.checks import MAX_N, check_bool, check_int
 from ._build import progression_rule, with_union
 from ._flex import Rule, causal_rule
 from .local import raster

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import config
-from .._validate import MAX_N, check_bool, check_int, check_size
 from ..pattern import BlockLayout, Pattern, PatternRule
+from ..util.checks import MAX_N, check_bool, check_int, check_size
 from ._build import block_row_counts, blocks_csr
 from ._flex import Rule, causal_rule
 from .registry import register

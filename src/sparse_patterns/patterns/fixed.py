@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validate import MAX_N, check_bool, check_int, check_size
 from ..pattern import Pattern, PatternRule
+from ..util.checks import MAX_N, check_bool, check_int, check_size
 from ._blocks import block_bounds, layout_of
 from ._build import SortedTokens, prefix_csr, progression_csr, with_union
 from ._flex import Rule, causal_rule

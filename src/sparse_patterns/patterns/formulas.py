@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .._stream import check_fits
 from ..pattern import Pattern
+from ..util.stream import check_fits
 from ._flex import Rule
 
 __all__ = ["DOCUMENT_FORMULAS_LIMIT", "Rule", "formula_of"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validate import MAX_N, check_bool, check_int, check_size
 from ..pattern import Pattern, PatternRule
+from ..util.checks import MAX_N, check_bool, check_int, check_size
 from ._blocks import distance_band, layout_of
 from ._build import Progression, local2d_counts, local2d_csr, progression_rule
 from ._flex import Offsets, Rule, dilated_band

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validate import MAX_N, check_bool, check_int, check_size
 from ..pattern import Pattern
+from ..util.checks import MAX_N, check_bool, check_int, check_size
 from ._build import progression_rule
 from ._flex import Rule, causal_rule, dilated_band
 from .local import dilated_rows

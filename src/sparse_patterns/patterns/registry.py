@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._validate import MAX_N, check_int
 from ..catalog import CATALOG, Param, root_of
 from ..catalog import describe as catalog_rows
 from ..pattern import Pattern
+from ..util.checks import MAX_N, check_int
 
 __all__ = [
     "Param", "PatternSpec", "REGISTRY", "register", "get", "make", "resolve", "root_of", "describe",

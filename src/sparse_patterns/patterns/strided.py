@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validate import MAX_N, check_bool, check_choice, check_int, check_size
 from ..pattern import Pattern
+from ..util.checks import MAX_N, check_bool, check_choice, check_int, check_size
 from ._blocks import distance_band, distance_multiple, layout_of
 from ._build import progression_rule, with_union
 from ._flex import Offsets, Rule, band, causal_rule

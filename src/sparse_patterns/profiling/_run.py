@@ -22,10 +22,10 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import config
-from .._validate import check_choice, check_int
 from ..kernels import AUTO, BLOCK, MODES, get_backend, plan
 from ..pattern import DENSE_LIMIT, Pattern
 from ..patterns import registry
+from ..util.checks import check_choice, check_int
 from ._baselines import BASELINES, baseline_bytes, flex_runner, sdpa_runner
 from ._baselines import flex_block_mask as _flex_block_mask  # noqa: F401 - tests reach it here
 from ._device import DEVICES, device_for, to_numpy

@@ -1,5 +1,5 @@
 """Saving figures atomically, through the package's one atomic writer
-(:func:`sparse_patterns._atomic.atomic_write`: a temporary file in the target
+(:func:`sparse_patterns.util.files.atomic_write`: a temporary file in the target
 directory, the umask's mode for a new file and the old mode for an overwritten
 one, then a rename).
 
@@ -15,7 +15,7 @@ import tempfile  # noqa: F401 - the writer's mkstemp; tests patch it as _save.te
 from pathlib import Path
 from typing import Any
 
-from .._atomic import atomic_write
+from ..util.files import atomic_write
 
 __all__ = ["FORMATS", "check_output", "save_figure"]
 

@@ -11,8 +11,8 @@ import math
 import textwrap
 from typing import Any
 
-from .._validate import check_choice, check_int
 from ..pattern import Pattern
+from ..util.checks import check_choice, check_int
 from ._style import pattern_title
 
 __all__ = ["VIEWS", "render_view", "default_raster", "default_position"]

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import check_int
 from ..pattern import Pattern
+from ..util.checks import check_int
 from ._style import (
     QUERY_COLOR,
     _rgb,

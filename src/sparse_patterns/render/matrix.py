@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import check_int
 from ..documents import document_offsets
 from ..pattern import Pattern
+from ..util.checks import check_int
 from ._style import (
     BACKGROUND,
     _rgb,

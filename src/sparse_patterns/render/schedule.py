@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import check_bool, check_int
 from ..documents import document_offsets
 from ..pattern import Pattern
+from ..util.checks import check_bool, check_int
 from ._style import (
     BACKGROUND,
     OKABE_ITO,
@@ -70,9 +70,9 @@ def layer_color(k: int, p: int) -> str:
 
 
 def _layers(layers: Any) -> list[Pattern]:
-    from ..analysis.schedule import _check_layers  # noqa: PLC0415 - the verifier's own check
+    from ..analysis.schedule import check_layers  # noqa: PLC0415 - the verifier's own check
 
-    return _check_layers(layers)
+    return check_layers(layers)
 
 
 def schedule_hops(

@@ -44,8 +44,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .. import __version__
-from .._modes import MODES
-from .._validate import MAX_N, check_bool, check_choice, check_int
+from ..util.checks import MAX_N, check_bool, check_choice, check_int
+from ..util.modes import MODES
 from ._cache import open_cache
 from ._cluster import WORKER_ENV, check_not_bootstrapping, close_all
 from ._cluster import connect as _connect

@@ -72,7 +72,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .._atomic import atomic_write
+from ..util.files import atomic_write
 from ._tasks import FIELDS, MEASURES, TEXT_LIMIT, clean_text, recipe_key, recipe_of
 
 __all__ = ["Cache", "open_cache", "FORMAT", "SCHEMA", "SUFFIXES", "WRITE_INTERVAL", "ROW_BYTES",

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .. import __version__
-from .._validate import check_int
+from ..util.checks import check_int
 from ._tasks import recipe_key
 
 __all__ = ["MAX_CANDIDATES"]

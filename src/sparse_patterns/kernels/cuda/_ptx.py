@@ -7,7 +7,7 @@ dimension and dtype.
 
 from __future__ import annotations
 
-from ..._validate import check_choice, check_int
+from ...util.checks import check_choice, check_int
 from ._detect import CudaUnavailableError, load, raise_if_toolkit_missing, simulated
 from ._kernels import MAX_BLOCK, MAX_HEAD_DIM, _sub_tile, kernels
 

@@ -60,9 +60,9 @@ import warnings
 from typing import Any
 
 from ... import config
-from ..._threads import FULL_DISK
-from ..._validate import check_choice
 from ...pattern import Pattern
+from ...util.checks import check_choice
+from ...util.threads import FULL_DISK
 from ..backend import Backend, Inputs, as_tensors, grads_by_autograd, merge_by_lse
 from ..inputs import check_scale, check_shapes, resolve
 from ..planning import BLOCK, ExecutionPlan

@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from ..._stream import check_fits, ordered_into
 from ...pattern import Pattern
+from ...util.stream import check_fits, ordered_into
 from ..planning import ExecutionPlan
 
 __all__ = ["MASKS", "BYTES_LIMIT", "piece_block_mask", "piece_members", "probe_positions", "tile_layouts",

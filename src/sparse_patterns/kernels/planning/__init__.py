@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ..._validate import check_choice, check_int
 from ...pattern import KERNEL_MODES, Mode, Pattern
+from ...util.checks import check_choice, check_int
 from ._pieces import MaskTable, chunk_rows, piece_tiles, pieces, residue_perm
 
 __all__ = [

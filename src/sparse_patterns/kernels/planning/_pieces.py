@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..._rule import csr_spans, residue_order
 from ...pattern import Pattern
+from ...rule import csr_spans, residue_order
 from ._tiling import chunk_tiles, gcd_of_offsets, piece_rows, used_first
 
 __all__ = ["CHUNK_ROWS", "CHUNK_ENTRIES", "SAMPLE_BLOCKS", "residue_perm", "pieces", "piece_tiles",
