@@ -50,7 +50,7 @@ import contextlib
 import threading
 from typing import Any
 
-from ..._threads import jit_disabled, refuse_uncompiled
+from ...util.threads import jit_disabled, refuse_uncompiled
 from ..backend import Backend
 from ._backward import backward, backward_bf16
 from ._bf16 import (
