@@ -200,7 +200,7 @@ def _plan_arrays(pl: ExecutionPlan) -> dict:
     ],
 )
 def test_tiny_chunks_give_the_plan_of_one_chunk(monkeypatch, name, n, params, mode):
-    from sparse_patterns.kernels import _pieces as planning
+    from sparse_patterns.kernels.planning import _pieces as planning
 
     pat = sps.make(name, n, **params)
     monkeypatch.setattr(planning, "CHUNK_ROWS", n)
@@ -228,7 +228,7 @@ def test_tiny_chunks_give_the_plan_of_one_chunk(monkeypatch, name, n, params, mo
 )
 def test_orders_chosen_on_sampled_blocks_stay_exact(monkeypatch, name, n, params, kinds, mode):
     """With fewer sampled query blocks than the plan has, the plan is still exact."""
-    from sparse_patterns.kernels import _pieces as planning
+    from sparse_patterns.kernels.planning import _pieces as planning
 
     monkeypatch.setattr(planning, "SAMPLE_BLOCKS", 3)
     pl = check_exact(sps.make(name, n, **params), mode, 8)
@@ -246,7 +246,7 @@ def test_partial_tiles_share_distinct_masks():
 
 @pytest.mark.parametrize("limit", [0, 1, 3, 1 << 16])
 def test_mask_table_maps_every_tile_to_its_own_mask(limit):
-    from sparse_patterns.kernels._pieces import MaskTable
+    from sparse_patterns.kernels.planning._pieces import MaskTable
 
     rng = np.random.default_rng(limit)
     pool = np.arange(8, dtype=np.uint64).reshape(4, 2, 1)  # 4 distinct masks
@@ -281,7 +281,7 @@ def test_planning_threads_follow_numba_threads(threads, want):
 @given(n=st.integers(1, 200), data=st.data())
 def test_used_first_is_the_used_keys_then_the_others(n, data):
     """The keys a piece's sampled rows hold, in order, then the rest: NumPy's answer."""
-    from sparse_patterns.kernels._tiling import used_first
+    from sparse_patterns.kernels.planning._tiling import used_first
 
     idx = np.array(data.draw(st.lists(st.integers(0, n - 1), max_size=3 * n)), dtype=np.int32)
     out = np.empty(n, np.int32)
