@@ -92,12 +92,14 @@ _QRANGE = 64
 
 
 @numba.njit(**_BLOCK)
-def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kp, n, p, J,
-              scale, col_ptr, col_tile, tile_row, tile_mask, masks, ranges, chunk, kc, qc, doc,
-              dqc, lc, dc, mbits, pbuf, sbuf, dkacc, dvacc, roff, rowsrc, rng, qnew,
-              knew, bf, dw, skeys, roffd, ilo, ihi, ring):  # pragma: no cover - compiled
+def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kp, n, p, J, scale,
+              tiles, chunk, scratch, qnew, knew, bf, dw, ilo, ihi):  # pragma: no cover - compiled
     """Key block ``J`` of piece ``p`` for float32, 32-token tiles and ``d`` a multiple of
-    16 (of 32 for bf16): the register-blocked passes of :mod:`._llvm_bwd` on chunks of ``chunk`` tiles.
+    16 (of 32 for bf16): the register-blocked passes of :mod:`._llvm_bwd` on chunks of
+    ``chunk`` tiles. Tuples, unpacked at compile time: ``tiles``, the plan's tiles by key
+    block (``col_ptr, col_tile, tile_row, tile_mask, masks, ranges``); ``scratch``, the
+    thread's buffers (``kc, qc, doc, dqc, lc, dc, mbits, pbuf, sbuf, dkacc, dvacc, roff,
+    roffd, rowsrc, rng, skeys, ring``).
 
     Keys: position ``x`` of the piece's order is row ``kp[x]`` of ``k2``, ``v2``,
     ``dk``, ``dv``; the block's ``K`` rows (``kc[:32 d]``), ``K^T`` and ``V^T`` are put in
@@ -126,6 +128,9 @@ def _kblock32(q2, do2, dq, base, qp, qstep, l2, delta, ok, k2, v2, dk, dv, kp, n
     it asks for the next key block's rows (software prefetch, a hint that changes no
     result)."""
     _wide()
+    col_ptr, col_tile, tile_row, tile_mask, masks, ranges = tiles
+    (kc, qc, doc, dqc, lc, dc, mbits, pbuf, sbuf, dkacc, dvacc, roff, roffd, rowsrc, rng, skeys,
+     ring) = scratch
     d = dq.shape[1]
     qf, dof, dqf = q2.reshape(q2.size), do2.reshape(do2.size), dq.reshape(dq.size)
     nb = (n + 31) // 32
@@ -350,6 +355,7 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
     R = item_rows
     A = 3 if fused else 7
     items_ib = _aligned(T * A * R * d, q2).reshape((T, A, R, d))
+    tiles32 = (col_ptr, col_tile, tile_row, tile_mask, masks, ranges)  # (_kblock32's)
     for bh in prange(BH):
         # the head's rows, from row 0 of each array (its gradients: the thread's rows
         # when they are narrowed afterwards)
@@ -396,6 +402,8 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
         roffd = np.empty(c32, np.int64)
         skeys = _aligned((c32 * 16 + (c32 * (16 + d) if bf == 2 else 0)) if bf else 0, q2)
         rng, ring = np.empty(c32, np.int64), np.full(2 * chunk, -1, np.int64)  # ring: AMX's
+        scratch32 = (kc, qc, doc, dqc, lc, dc, mbits, sbuf, dpbuf, dkacc, dvacc, roff, roffd,
+                     rowsrc, rng, skeys, ring)
         ib = items_ib[numba.get_thread_id()]
         iq = 2 if fused else 4  # where the gradients start
         lq, ldo, ldq = ib[0], ib[1], ib[iq]
@@ -468,11 +476,8 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
                                                          tile_row[col_tile[c0]] >= r0 + nr)):
                                 continue  # no tile of this key block in these query blocks
                             _kblock32(wq, wdo, wdq, wbase, wqperm[wpp], wstep[wpp], wl2, wdl,
-                                      wok, hk, hv, hdk, hdv, kperm[p], n, p, J, scale,
-                                      col_ptr, col_tile, tile_row, tile_mask, masks, ranges,
-                                      chunk, kc, qc, doc, dqc, lc, dc, mbits, sbuf, dpbuf, dkacc,
-                                      dvacc, roff, rowsrc, rng, wqnew, knew, bf, dw, skeys, roffd,
-                                      r0, r0 + nr, ring)
+                                      wok, hk, hv, hdk, hdv, kperm[p], n, p, J, scale, tiles32,
+                                      chunk, scratch32, wqnew, knew, bf, dw, r0, r0 + nr)
                         else:
                             _kblock(wq, wk, wv, wdo, wl1, wdl, wdq, wdk, wdv, wbase, n, p, wpp,
                                     J, scale, wqperm, wkperm, col_ptr, col_tile, tile_row,
