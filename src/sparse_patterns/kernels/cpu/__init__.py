@@ -6,8 +6,8 @@ validated, and a plan (:func:`forward_bf16` and :func:`backward_bf16` the words 
 bf16 ones, on bf16 products, where :func:`amx_applies` or :func:`bf16_applies`); their
 outputs come from a per-thread pool of recycled arrays (:func:`release_workspace` frees
 it). Nothing of size ``n x n`` is ever allocated.
-The implementation modules are private; each one's docstring holds the performance
-notes about its code (each measured, A/B in one process, on a CPU without SVML):
+The implementation modules are private; each one's docstring says what its code does
+and why, and ``docs/kernel-notes.md`` holds the measurements behind those choices:
 
 - ``_forward``: the forward, one online softmax per token across the pieces of its
   softmax group (``_forward_piece``: the work items; ``_forward_pair``: two pieces
