@@ -122,8 +122,9 @@ def attention(
 
     Notes
     -----
-    NaN and inf reach exactly the rows that attend them, in every backend, as
-    in the dense reference: a row whose attended scores or values hold NaN or
+    NaN and inf reach exactly the rows that attend them, in every backend (for
+    NumPy arrays and torch tensors; numba-cuda device arrays of ``impl="cuda"``
+    stay as its kernel wrote them), as in the dense reference: a row whose attended scores or values hold NaN or
     inf is not finite (NaN where IEEE arithmetic on its own pairs gives NaN), and
     every other row gets its finite value, also across document boundaries. A
     fused kernel multiplies the masked pairs of a partial tile too (``0 * NaN``
@@ -216,4 +217,4 @@ def attention_backward(
 
 def _scale(scale: float | None, q: Any) -> float:
     """The score scale the backends used: ``1 / sqrt(d)`` by default."""
-    return 1.0 / math.sqrt(int(q.shape[-1])) if scale is None else float(scale)
+    return 1.0 / math.sqrt(int(q.shape[3])) if scale is None else float(scale)  # (B, H, n, d)

@@ -48,6 +48,12 @@ def _host(a: Any) -> Any:
     return a
 
 
+def _numba_device(a: Any) -> bool:
+    """A numba-cuda device array (``impl="cuda"``): its rows stay as the kernel wrote them;
+    reading it here would copy the whole array to the host on every call."""
+    return hasattr(a, "copy_to_host") and not _is_torch(a)
+
+
 def _total(a: Any) -> float:
     """The sum of every element in the compute dtype: finite unless an element is NaN or
     inf (or the sum overflows)."""
@@ -329,6 +335,8 @@ def repair_forward(q: Any, k: Any, v: Any, plan: ExecutionPlan, scale: float, ou
     >>> bool(np.allclose(out, 1.0))
     True
     """
+    if _numba_device(out):
+        return
     rows = nonfinite_rows(out, lse=lse)
     if not rows.shape[0]:
         return
@@ -422,6 +430,8 @@ def repair_backward(q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, plan: Exe
     >>> bool(np.allclose(dq, 0)), bool(np.isfinite(dv).all())
     (True, True)
     """
+    if _numba_device(dq):
+        return
     rows = nonfinite_rows(dq)
     if rows.shape[0]:
         (g,) = exact_grad_rows(q, k, v, o, lse, do, plan, rows, scale, of="q")

@@ -126,7 +126,7 @@ def cache_format(path: Path) -> str:
     return fmt
 
 
-def _shown(value: Any, limit: int = 80) -> str:
+def _shown(value: Any, limit: int = 1024) -> str:
     """``repr`` of a path or value, cut (a path can be thousands of characters)."""
     text = repr(str(value))
     return text if len(text) <= limit else f"{text[:limit - 1]}... ({len(str(value))} characters)"
