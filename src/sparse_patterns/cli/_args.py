@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from ..util.files import file_kind as _kind
 from ..util.lazy import LazyModule
 
 try:  # typer >= 0.29 carries its own copy of click
@@ -417,13 +418,6 @@ def parse_params(name: str | Sequence[str], args: Sequence[str]) -> dict[str, st
     return out
 
 
-def _kind(mode: int) -> str:
-    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return kind
-    return "not a regular file"
 
 
 def regular_file(what: str, path: str) -> int:

@@ -73,6 +73,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..util.files import atomic_write
+from ..util.files import file_kind as _kind
 from ._tasks import FIELDS, MEASURES, TEXT_LIMIT, clean_text, recipe_key, recipe_of
 
 __all__ = ["Cache", "open_cache", "FORMAT", "SCHEMA", "SUFFIXES", "WRITE_INTERVAL", "ROW_BYTES",
@@ -141,13 +142,6 @@ def _beside(path: Path, version: str) -> Iterable[Path]:
         yield path.with_name(f"{stem}.v{version}-{k}{suffix}")
 
 
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def _exists(path: Path) -> bool:

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
-__all__ = ["atomic_write", "file_mode"]
+__all__ = ["atomic_write", "file_mode", "file_kind"]
 
 #: The signals that end a process from outside and should not leave a temporary file.
 _SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
@@ -141,3 +141,21 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
                     pass
             raise
     return path
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``os.stat`` mode ``mode`` is, for a message about a path that must be
+    a regular file.
+
+    Examples
+    --------
+    >>> import os
+    >>> file_kind(os.stat("/dev/null").st_mode), file_kind(os.stat("/").st_mode)
+    ('a character device', 'a directory')
+    """
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"
