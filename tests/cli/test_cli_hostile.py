@@ -5,12 +5,18 @@ file untouched when a command fails; sizes that do not fit end in one line,
 with bounded peak memory; repeated options are errors; Ctrl-C exits 130 and
 SIGTERM/SIGHUP during a write remove the temporary file and exit 143/129.
 
-The fuzzer (hypothesis) runs a short budget in CI. For a longer run::
+The fuzzer (hypothesis) runs a short budget in CI. Its vocabulary holds the hostile
+input of issue 54 too: ``--schedule`` layers that give n, name or documents, 257-300
+layers, empty and malformed items (verify and render, without a pattern name so the
+schedule is read), ``--documents`` that conflict with ``--n``, and ``--n`` lists of up to
+5,000 lengths. For a longer run::
 
     SPARSE_PATTERNS_FUZZ_EXAMPLES=5000 .venv/bin/pytest -q -p no:cacheprovider \\
         tests/cli/test_cli_hostile.py -k fuzz
 
-(about 0.1 s an example; render and export examples are the slow ones).
+(about 0.1 s an example; render and export examples are the slow ones). The search's
+cache rows and ``--grid`` values have their fuzzers in ``tests/search/test_search_fuzz.py``
+(``SP_FUZZ_EXAMPLES``), hostile pattern files in ``tests/export/test_hostile_files.py``.
 """
 
 from __future__ import annotations
@@ -53,14 +59,39 @@ STR_VALUES = st.sampled_from(["paper", "reference", "sqrt", "cbrt", "x", "", "64
 GOOD_STR_VALUES = st.sampled_from(["paper", "reference"])
 NAMES = st.sampled_from([*sorted(CATALOG), "nope", "--stride", "", "strided\nfixed"])
 COMMANDS = st.sampled_from(["show", "verify", "analyze", "render", "export"])
+#: ``--schedule`` texts (verify, render): valid ones, layers that give what the command sets
+#: (n, name, documents), too many layers, empty and malformed items, unknown names.
+SCHEDULES = st.one_of(
+    st.sampled_from(["local:window=2,full", "local:window=4", "full,full", "strided:stride=4",
+                     "local:n=5", "local:name=x", "local:documents=4", "local:N=5",
+                     "local:window=2:window=3", "local:window", "local:=3", ":window=2", ",",
+                     "", " ", "local,,full", "none", "nope", "local:window=-1",
+                     "local:window=" + "9" * 5000, "local:window=\x1b[31m", "x.json",
+                     ",".join(["full"] * 300), ",".join(["local:window=2"] * 257),
+                     ",".join(["full"] * 256)]),
+    st.lists(st.sampled_from(["full", "local:window=2", "local:n=8", "", "local:causal=false",
+                              "strided:stride=4:window=paper", "local:documents=1,2"]),
+             min_size=1, max_size=6).map(",".join),
+)
+#: ``--documents`` values: lengths, offsets, conflicts with --n, hostile text.
+DOCUMENTS = st.sampled_from(["4,4", "0,4,8", "8", "16", "3,5", "0", "0,0", "4,-4", "8,4",
+                             "1," * 200 + "1", "9" * 40, "", ",", "x", "4.0", "٣", "0,16,8",
+                             "2147483647", "4,4,4,4,4,4,4,4,4,4"])
+#: ``--n`` for analyze: a list of sequence lengths, long ones included.
+N_LISTS = st.sampled_from(["16,32", "8", "0,8", "x", "", "16,1e3", "64," + "9" * 40,
+                           ",".join(["16"] * 64), ",".join(["16"] * 65),
+                           ",".join(str(k) for k in range(1, 2000)), "16," * 5000 + "16",
+                           ",,,16,,,", "16;32", "١٦", "+16,-16"])
 #: The command's own options and the values they take.
 OWN = {
     "verify": {"--mode": st.sampled_from(["interleaved", "merged", "multihead", "x"]),
                "--steps": INT_VALUES, "--p": INT_VALUES, "--block": INT_VALUES,
-               "--residual": None, "--no-residual": None, "--depth": None, "--json": None},
+               "--residual": None, "--no-residual": None, "--depth": None, "--json": None,
+               "--schedule": SCHEDULES, "--documents": DOCUMENTS},
     "render": {"--view": st.sampled_from(["matrix", "image", "hops", "x"]), "--tile": INT_VALUES,
                "--dpi": st.sampled_from(["20", "5", "100000", "x"]), "--position": INT_VALUES,
-               "--heads": st.sampled_from(["A1", "0", "-1", "99", "A1,A2", "x"])},
+               "--heads": st.sampled_from(["A1", "0", "-1", "99", "A1,A2", "x"]),
+               "--schedule": SCHEDULES, "--documents": DOCUMENTS},
     "export": {"--format": st.sampled_from(["json", "npz", "safetensors", "deepspeed", "x"]),
                "--block": INT_VALUES, "--num-heads": INT_VALUES,
                "--mode": st.sampled_from(["multihead", "merged", "x"])},
@@ -78,12 +109,13 @@ def argvs(draw: st.DrawFn) -> tuple[str, list[str]]:
     """
     cmd = draw(COMMANDS)
     hostile = draw(st.integers(0, 2)) > 0
+    if cmd in ("verify", "render") and draw(st.integers(0, 3)) == 0:
+        return cmd, draw(schedule_argvs(cmd, hostile))
     name = draw(NAMES if hostile else st.sampled_from(sorted(CATALOG)))
     argv = [cmd, name] if name else [cmd]
     if not hostile or draw(st.integers(0, 9)):  # --n, usually
         if cmd == "analyze":
-            argv += ["--n", draw(st.sampled_from(["16,32", "8", "0,8", "x", "", "16,1e3",
-                                                  "64," + "9" * 40] if hostile else ["16,32"]))]
+            argv += ["--n", draw(N_LISTS if hostile else st.just("16,32"))]
         else:
             argv += ["--n", draw(INT_VALUES if hostile else VALID_INTS)]
     params = CATALOG[name].params if name in CATALOG else []
@@ -106,6 +138,28 @@ def argvs(draw: st.DrawFn) -> tuple[str, list[str]]:
     for opt in draw(st.permutations(options)):
         argv += opt
     return cmd, argv
+
+
+@st.composite
+def schedule_argvs(draw: st.DrawFn, cmd: str, hostile: bool) -> list[str]:
+    """``verify``/``render`` with ``--schedule`` (no pattern name, else the schedule is never
+    read), ``--n`` small, ``--documents`` sometimes, now and then a name or an option that
+    a schedule does not take."""
+    argv = [cmd, "--n", draw(st.sampled_from(["8", "16", "32"]) if not hostile else
+                            st.one_of(st.sampled_from(["8", "16", "32"]), INT_VALUES))]
+    argv += ["--schedule", draw(SCHEDULES if hostile else st.sampled_from(
+        ["local:window=2,full", "local:window=4,local:window=4", "full"]))]
+    if draw(st.integers(0, 2)) == 0:
+        argv += ["--documents", draw(DOCUMENTS if hostile else st.sampled_from(["8,8", "0,4,16"]))]
+    extra = {"verify": [("--json",), ("--p", "2"), ("--steps", "3"), ("--block", "4"),
+                        ("--mode", "merged"), ("--depth",)],
+             "render": [("--view", "hops"), ("--view", "matrix"), ("--no-residual",),
+                        ("--tile", "4")]}[cmd]
+    for opt in draw(st.lists(st.sampled_from(extra), max_size=2 if hostile else 1, unique=True)):
+        argv += opt
+    if hostile and draw(st.integers(0, 5)) == 0:
+        argv += draw(st.sampled_from([["local"], ["--stride", "4"], ["--file", "x.npz"]]))
+    return argv
 
 
 # ---------------------------------------------------------------- the checks
