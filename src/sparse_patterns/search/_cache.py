@@ -64,6 +64,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import math
 import os
 import re
 import stat
@@ -203,7 +204,12 @@ def _check_row(row: Any, version: str) -> dict[str, Any]:
         if type(value) not in types:  # exact types: a bool is not an int here
             raise _BadRow(f"a bad {name} ({clean_text(repr(value), 40)})")
         if name in _FLOATS and value is not None:
-            value = float(value)
+            try:  # JSON takes NaN, Infinity and integers of any length
+                value = float(value)
+            except OverflowError:
+                value = math.inf
+            if not math.isfinite(value):
+                raise _BadRow(f"a {name} that is not a finite number ({clean_text(repr(value), 40)})")
         elif name in _TEXT and value is not None and not (
                 len(value) <= TEXT_LIMIT and value.isprintable()):
             value = clean_text(value)
