@@ -14,7 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from sparse_patterns.cli import app
-from sparse_patterns.cli._args import MAX_LAYERS, MAX_NS
+from sparse_patterns.cli._args import MAX_NS
+from sparse_patterns.cli._schedule import MAX_LAYERS
 
 runner = CliRunner()
 #: The ``patterns`` console script of this interpreter, or the same entry point through -c.

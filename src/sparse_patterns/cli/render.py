@@ -9,16 +9,14 @@ from ._app import FILE, NAME, PATTERN_CONTEXT, N, cli_command, console, int_opt
 from ._args import (
     Command,
     UsageError,
-    parse_documents,
     parse_heads,
     parse_int,
     parse_ns,
     parse_params,
     pattern_from_args,
     registry,
-    render_schedule_check,
-    schedule_from_args,
 )
+from ._schedule import parse_documents, render_schedule_check, schedule_from_args
 
 _VIEWS = ("matrix", "image", "hops", "scaling")
 

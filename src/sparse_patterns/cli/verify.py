@@ -17,9 +17,9 @@ from ._args import (
     parse_params,
     pattern_from_args,
     registry,
-    schedule_from_args,
     split_steps,
 )
+from ._schedule import schedule_from_args
 
 #: What ``patterns verify`` checks with no pattern: the README's main job.
 DEFAULT = ("strided", 16384, ["--stride", "128"])

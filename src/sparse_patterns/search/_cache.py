@@ -64,9 +64,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
-import math
 import os
-import re
 import stat
 import time
 from collections.abc import Iterable, Mapping
@@ -75,7 +73,8 @@ from typing import Any, BinaryIO
 
 from ..util.files import atomic_write
 from ..util.files import file_kind as _kind
-from ._tasks import FIELDS, MEASURES, TEXT_LIMIT, clean_text, recipe_key, recipe_of
+from ._rows import KINDS, BadRow, check_row
+from ._tasks import FIELDS, clean_text
 
 __all__ = ["Cache", "open_cache", "FORMAT", "SCHEMA", "SUFFIXES", "WRITE_INTERVAL", "ROW_BYTES",
            "MAX_LINE"]
@@ -94,17 +93,7 @@ ROW_BYTES = 4096
 #: Longest JSON line read as a row (bytes); a longer one is an invalid row.
 MAX_LINE = 1 << 16
 _META = b"sparse_patterns"
-_KINDS = dict(FIELDS)
 _MAX_BESIDE = 100
-#: Fields checked exactly (through the key); the other text is cleaned (clean_text).
-_EXACT = frozenset(("key", "version", "family", "params", "mode", "kernel_mode", "depth_search",
-                    "measured", "status"))
-_KEY = re.compile(r"[0-9a-f]{24}")
-#: The types a stored value of each field may have (JSON and Arrow give exactly these).
-_TYPES = {name: {"str": (str,), "int": (int,), "bool": (bool,), "float": (float, int)}[kind]
-          + (type(None),) for name, kind in FIELDS}
-_FLOATS = frozenset(name for name, kind in FIELDS if kind == "float")
-_TEXT = frozenset(name for name, kind in FIELDS if kind == "str") - _EXACT
 
 
 class _Unusable(Exception):
@@ -113,10 +102,6 @@ class _Unusable(Exception):
 
 class _Foreign(Exception):
     """The file at a cache path is not a search cache at all (the reason)."""
-
-
-class _BadRow(Exception):
-    """A stored row that is not a valid search row (the reason)."""
 
 
 def cache_format(path: Path) -> str:
@@ -191,90 +176,6 @@ def _too_big(path: Path, what: str) -> ValueError:
                       f"(rows count {ROW_BYTES:,} bytes each; config.set_load_limit)")
 
 
-def _check_row(row: Any, version: str) -> dict[str, Any]:
-    """A stored row with every field (missing ones None), its text cleaned; ``_BadRow``
-    (why) when it is not a valid row of ``version`` or contradicts its key."""
-    if not isinstance(row, dict):
-        raise _BadRow(f"not an object but {type(row).__name__}")
-    out: dict[str, Any] = dict.fromkeys(_KINDS)
-    for name, value in row.items():
-        types = _TYPES.get(name)
-        if types is None:
-            raise _BadRow(f"an unknown field {clean_text(str(name), 40)!r}")
-        if type(value) not in types:  # exact types: a bool is not an int here
-            raise _BadRow(f"a bad {name} ({clean_text(repr(value), 40)})")
-        if name in _FLOATS and value is not None:
-            try:  # JSON takes NaN, Infinity and integers of any length
-                value = float(value)
-            except OverflowError:
-                value = math.inf
-            if not math.isfinite(value):
-                raise _BadRow(f"a {name} that is not a finite number ({clean_text(repr(value), 40)})")
-        elif name in _TEXT and value is not None and not (
-                len(value) <= TEXT_LIMIT and value.isprintable()):
-            value = clean_text(value)
-        out[name] = value
-    _check_key(out, version)
-    _check_results(out)
-    return out
-
-
-def _check_key(row: dict[str, Any], version: str) -> None:
-    """The row names the recipe its key hashes, as the family resolves it, at ``version``."""
-    from ..patterns import registry  # noqa: PLC0415
-
-    key = row["key"]
-    if not isinstance(key, str) or _KEY.fullmatch(key) is None:
-        raise _BadRow("no key")
-    if row["version"] != version:
-        raise _BadRow(f"version {clean_text(str(row['version']), 40)!r} under a cache of {version}")
-    for name in ("family", "params", "n", "mode", "kernel_mode", "block", "batch", "heads",
-                 "head_dim", "depth_search"):
-        if row[name] is None:
-            raise _BadRow(f"no {name}")
-    try:
-        rec = recipe_of(row)
-        if not isinstance(rec["params"], dict):
-            raise _BadRow(f"params that are a {type(rec['params']).__name__}, not an object")
-        resolved = registry.resolve(rec["family"], rec["n"], rec["params"])
-    except _BadRow:
-        raise
-    except (KeyError, ValueError, TypeError, RecursionError) as exc:
-        raise _BadRow(f"a recipe that is not valid ({clean_text(str(exc), 80)})") from None
-    if resolved != rec["params"] or recipe_key(rec, version) != key:
-        raise _BadRow("fields that do not match its key (another candidate's recipe)")
-    from ._tasks import kernel_mode  # noqa: PLC0415
-
-    if row["kernel_mode"] != kernel_mode(row["mode"]):
-        raise _BadRow("a kernel_mode that does not follow its mode")
-
-
-def _check_results(row: dict[str, Any]) -> None:
-    """The row's outcome is one a task makes: measures known, the verdict the criteria's."""
-    measured = (row["measured"] or "").split(",")
-    if not measured or any(m not in MEASURES for m in measured):
-        raise _BadRow(f"bad measures {clean_text(str(row['measured']), 40)!r}")
-    status = row["status"]
-    if status == "error":
-        if row["error"] is None or row["ok"] is not None:
-            raise _BadRow("an error status without its error, or with a verdict")
-        return
-    if status != "ok":
-        raise _BadRow(f"status {clean_text(str(status), 20)!r}")
-    if row["error"] is not None:
-        raise _BadRow("an error message under status 'ok'")
-    if "verify" in measured:
-        c1, c2 = row["criterion1"], row["criterion2"]
-        if row["ok"] is None or c1 is None or c2 is None or row["ok"] != (c1 and c2):
-            raise _BadRow("a verdict (ok) that is not both criteria's")
-    elif row["ok"] is not None:
-        raise _BadRow("a verdict without the verification")
-    if "flops" in measured and (row["useful_flops"] is None or row["computed_flops"] is None):
-        raise _BadRow("no FLOPs although measured")
-    if "time" in measured and row["time_s"] is None:
-        raise _BadRow("no time although measured")
-
-
 def _check_header(meta: Any, version: str) -> None:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise _Foreign("no header naming it one")
@@ -300,8 +201,8 @@ class _Read:
 
     def add(self, row: Any, version: str, where: str) -> None:
         try:
-            self.rows.append(_check_row(row, version))
-        except _BadRow as exc:
+            self.rows.append(check_row(row, version))
+        except BadRow as exc:
             self.invalid.append((where, str(exc)))
 
 
@@ -441,7 +342,7 @@ class Cache:
 
     def add(self, row: Mapping[str, Any]) -> None:
         """Keep ``row``: appended at once (JSON lines) or at the next :meth:`flush` (Parquet)."""
-        row = {**dict.fromkeys(_KINDS), **row}
+        row = {**dict.fromkeys(KINDS), **row}
         self.rows[row["key"]] = row
         if self.format == "jsonl":
             if self._fh is None:
