@@ -73,6 +73,7 @@ from typing import Any, BinaryIO
 
 from ..util.files import atomic_write
 from ..util.files import file_kind as _kind
+from ._grid import _shown as shown
 from ._rows import KINDS, BadRow, check_row
 from ._tasks import FIELDS, clean_text
 
@@ -113,10 +114,9 @@ def cache_format(path: Path) -> str:
     return fmt
 
 
-def _shown(value: Any, limit: int = 1024) -> str:
-    """``repr`` of a path or value, cut (a path can be thousands of characters)."""
-    text = repr(str(value))
-    return text if len(text) <= limit else f"{text[:limit - 1]}... ({len(str(value))} characters)"
+def _shown(path: Any) -> str:
+    """A path in a message: whole up to 1,024 characters (a real path is shorter)."""
+    return shown(str(path), 1024)
 
 
 def _beside(path: Path, version: str) -> Iterable[Path]:

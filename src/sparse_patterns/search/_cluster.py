@@ -35,6 +35,8 @@ import threading
 import time
 from typing import Any
 
+from ._grid import _shown as shown
+
 __all__ = ["connect", "close_all", "check_not_bootstrapping", "WORKER_ENV", "GUARD_ENV",
            "MAX_HANDSHAKE"]
 
@@ -88,8 +90,8 @@ def check_not_bootstrapping() -> None:
     raise SystemExit(_GUARD_CHILD)
 
 
-def _shown(address: str) -> str:
-    return repr(address) if len(address) <= 80 else f"{address[:77]!r}... ({len(address)} characters)"
+def _shown(address: Any) -> str:
+    return shown(address, 80)
 
 
 def connect(client: Any, workers: int | None, timeout: float) -> tuple[Any, list[Any]]:
