@@ -39,7 +39,7 @@ import numpy as np
 import sparse_patterns as sps
 from sparse_patterns.kernels.cpu import _forward as fwd
 from sparse_patterns.kernels.cpu import amx_products_here, fma_peak, forward, forward_bf16
-from sparse_patterns.kernels.cpu._forward_block import _qblock
+from sparse_patterns.kernels.cpu._forward_block import FIRST, LAST, _qblock
 from sparse_patterns.kernels.cpu._llvm import _AVX512_BF16, _transpose16, _wide
 from sparse_patterns.kernels.cpu._llvm_fwd import (
     _exp32,
@@ -108,10 +108,9 @@ def _block(reps, I, bf, q, k, v, o1, ow, m1, l1, qp, kperm, kstart, kstep, tile_
     dw = D // 2 if bf else D
     for _ in range(reps):
         _qblock(q, 0, qp, k, v, o1, ow, m1, l1, 0, 0, n, D, dw, bf, 0,
-                    I, SCALE, True, True, qp, kperm, kstart, kstep, tile_ptr, tile_col,
-                    tile_mask, masks, maskt, ranges, True, False, 32, _CHUNK_FUSED, False,
-                    qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff,
-                    False, ow)
+                I, SCALE, FIRST | LAST, qp, kperm, kstart, kstep, tile_ptr, tile_col,
+                tile_mask, masks, maskt, ranges, True, 32, _CHUNK_FUSED, False,
+                qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff, ow)
 
 
 def words(x: np.ndarray) -> np.ndarray:

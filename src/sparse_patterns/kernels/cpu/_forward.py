@@ -43,7 +43,7 @@ from numba.np.linalg import ensure_blas
 from ._bf16 import _check_products
 from ._blas import _threads_for, single_threaded_blas
 from ._convert import _narrow16
-from ._forward_block import _qblock
+from ._forward_block import FIRST, LAST, PREFETCH, STATE_WORDS, _qblock
 from ._llvm import (
     _BLOCK,
     _FM,
@@ -63,6 +63,7 @@ from ._schedule import (
     _chunk_ranges,
     _forward_steps,
     _group_rows,
+    _identity,
     _masks_t,
     _share,
     _state_words,
@@ -72,14 +73,14 @@ __all__ = ["forward", "forward_bf16"]
 
 
 @numba.njit(cache=True)
-def _item_buffers(n, block, chunk, d, T, span, seg, sw, q1, o1, sws, kperm_used):  # pragma: no cover - compiled
+def _item_buffers(n, block, chunk, d, T, span, seg, sw, q1, o1, sws, local):  # pragma: no cover - compiled
     """What the work items of a piece (:func:`_piece_item`) share, allocated once a call:
-    the identity orders of a copying item's buffers, each thread's buffers (on cache lines,
+    the identity orders of a copying item's buffers (``local``: the identity permutation,
+    read-only as the plan's orders are), each thread's buffers (on cache lines,
     not per work item; each thread's slices too where ``block`` is a multiple of 16), those
     of ``seg`` query blocks and ``span`` key blocks where ``span > 0``, each thread's scratch
     row of words (``sw == 1``), and whether a state row is stored as whole lines."""
     nb = (n + block - 1) // block
-    local = np.arange(n, dtype=kperm_used.dtype)
     lstart = np.arange(nb, dtype=np.int64) * block
     lstep = np.ones(nb, dtype=np.int64)
     bufs = _thread_buffers(T, block, chunk, d, q1)
@@ -100,13 +101,15 @@ def _item_buffers(n, block, chunk, d, T, span, seg, sw, q1, o1, sws, kperm_used)
 
 
 @numba.njit(**_BLOCK)
-def _piece_item(w, wend, bh, q1, k1, v1, o1, ow, m1, l1, n, nb, nseg, d, dw, bf, scale, p, first,
-                last, qperm, kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col,
-                tile_mask, masks, maskt, ranges, fused, block, chunk, seg, precise, sw, sws, bufs,
-                own, tid):  # pragma: no cover - compiled
+def _piece_item(w, wend, bh, q1, k1, v1, o1, ow, m1, l1, n, nb, nseg, d, dw, bf, scale, p, how,
+                qperm, kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col, tile_mask,
+                masks, maskt, ranges, fused, block, chunk, seg, precise, sw, sws, bufs, own,
+                tid):  # pragma: no cover - compiled
     """Work item ``w`` of piece ``p`` (:func:`_forward_piece`) on (batch x head) ``bh``, by
     thread ``tid`` with its buffers (``own``: :func:`_item_buffers`); it asks for item
-    ``w + 1``'s rows where ``w + 1 < wend``."""
+    ``w + 1``'s rows where ``w + 1 < wend``. ``how``: the piece's :data:`FIRST` and
+    :data:`LAST` bits (:func:`._forward_block._qblock`)."""
+    first, last = (how & FIRST) != 0, (how & LAST) != 0
     local, lstart, lstep, wkl, wol, wml, wsw, whole_lines = own
     qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff = _views(bufs, tid)
     I0 = (w % nseg) * seg
@@ -152,10 +155,9 @@ def _piece_item(w, wend, bh, q1, k1, v1, o1, ow, m1, l1, n, nb, nseg, d, dw, bf,
                 for t in range(_share(qptr, it2, u, nbk), _share(qptr, it2, u + 1, nbk)):
                     _prefetch(q1, (base2 + qp[qorder[t]]) * dw, dw)
             _qblock(q1, base, qp, kl, vl, ol, ow[:0], ml, ll, -y0, -x0, n, d, dw, bf, p, I,
-                    scale, first, last, local, local, lstart, lstep, tile_ptr, tile_col,
-                    tile_mask, masks, maskt, ranges, fused, False, block, chunk, precise,
-                    qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff,
-                    False, sws)
+                    scale, how, local, local, lstart, lstep, tile_ptr, tile_col, tile_mask,
+                    masks, maskt, ranges, fused, block, chunk, precise, qbuf, kbuf, vbuf, sbuf,
+                    obuf, mrow, lrow, cmax, msub, csum, alpha, roff, sws)
         for t in range(qptr[it], qptr[it + 1]):
             y = qorder[t]
             i = base + qp[y]
@@ -175,21 +177,21 @@ def _piece_item(w, wend, bh, q1, k1, v1, o1, ow, m1, l1, n, nb, nseg, d, dw, bf,
             m1[i] = ml[y - y0]
             l1[i] = ll[y - y0]
     else:
+        how_in_place = how | PREFETCH | (STATE_WORDS if sw == 2 else 0)
         for I in range(I0, I1):
             _qblock(q1, base, qperm[p], k1, v1, o1, ow, m1, l1, base, base, n, d, dw, bf, p, I,
-                    scale, first, last, qperm[p], kperm_used, kstart, kstep, tile_ptr,
-                    tile_col, tile_mask, masks, maskt, ranges, fused, True, block, chunk, precise,
-                    qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff,
-                    sw == 2, sws)
+                    scale, how_in_place, qperm[p], kperm_used, kstart, kstep, tile_ptr,
+                    tile_col, tile_mask, masks, maskt, ranges, fused, block, chunk, precise,
+                    qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax, msub, csum, alpha, roff, sws)
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
-def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, H, d, dw, bf, scale, G, g, p, first, last,
-                   qperm, kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col, tile_mask,
-                   masks, maskt, ranges, fused, block, chunk, seg, precise, T, sw,
+def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, H, d, dw, bf, scale, G, g, p, how, qperm,
+                   kperm_used, kstart, kstep, span, copies, tile_ptr, tile_col, tile_mask, masks,
+                   maskt, ranges, fused, block, chunk, seg, precise, T, sw, local,
                    sws):  # pragma: no cover - compiled
     """Piece ``p`` (softmax group ``g``) of every (batch, head) ``bh < BH`` whose group is
-    ``g``.
+    ``g``; ``how``: its :data:`FIRST` and :data:`LAST` bits.
 
     ``span > 0``: the key blocks of a work item's tiles lie within ``span``
     consecutive blocks of the piece's order; each work item then copies those key
@@ -198,7 +200,7 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, H, d, dw, bf, scale, G, g, p,
     read where they are, once a block (into ``Q^T``). ``copies`` (from
     :func:`_copy_orders`) lists, per work item, the positions to copy in the order that
     moves rows fastest. ``dw, bf`` and ``ow`` (the output's bf16 words, written where the
-    piece is ``last``): as in :func:`._forward_block._qblock`.
+    piece is the group's last): as in :func:`._forward_block._qblock`.
     A work item stores its state back with non-temporal stores. ``sw`` (bf16
     inputs, a piece whose state the next one reads from memory; see :func:`_forward`): 1,
     a work item stores its state's output rows as bf16 words to ``sws`` instead of
@@ -207,22 +209,23 @@ def _forward_piece(q1, k1, v1, o1, ow, m1, l1, BH, H, d, dw, bf, scale, G, g, p,
     n = m1.shape[0] // BH
     nb = (n + block - 1) // block
     nseg = (nb + seg - 1) // seg  # work items: (batch x head, run of `seg` query blocks)
-    bufs, own = _item_buffers(n, block, chunk, d, T, span, seg, sw, q1, o1, sws, kperm_used)
+    bufs, own = _item_buffers(n, block, chunk, d, T, span, seg, sw, q1, o1, sws, local)
     for w in prange(BH * nseg):
         bh = w // nseg
         if (bh % H) % G != g:
             continue
-        _piece_item(w, BH * nseg, bh, q1, k1, v1, o1, ow, m1, l1, n, nb, nseg, d, dw, bf, scale,
-                    p, first, last, qperm, kperm_used, kstart, kstep, span, copies, tile_ptr,
-                    tile_col, tile_mask, masks, maskt, ranges, fused, block, chunk, seg, precise,
-                    sw, sws, bufs, own, numba.get_thread_id())
+        # int64 indices, as _forward_two's (prange's are unsigned): one compiled _piece_item
+        _piece_item(np.int64(w), BH * nseg, np.int64(bh), q1, k1, v1, o1, ow, m1, l1, n, nb,
+                    nseg, d, dw, bf, scale, p, how, qperm, kperm_used, kstart, kstep, span,
+                    copies, tile_ptr, tile_col, tile_mask, masks, maskt, ranges, fused, block,
+                    chunk, seg, precise, sw, sws, bufs, own, numba.get_thread_id())
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
 def _forward_two(q1, k1, v1, o1, ow, m1, l1, BH, H, d, dw, bf, scale, G, g, pa, pb, qperm, kpa,
                  kta, ksa, span, copies, sega, kpb, ktb, ksb, segb, tile_ptr, tile_col,
                  tile_mask, masks, maskt, ranges, fused, block, chunk, precise, T, swa, swb,
-                 sws):  # pragma: no cover - compiled
+                 local, sws):  # pragma: no cover - compiled
     """The two pieces ``pa`` (copied: ``span > 0``; it starts the group) then ``pb`` (in
     place; it ends it) of softmax group ``g``, head by head: a thread runs every work item of
     ``pa`` on one (batch, head), then those of ``pb``, what two :func:`_forward_piece` calls
@@ -236,26 +239,28 @@ def _forward_two(q1, k1, v1, o1, ow, m1, l1, BH, H, d, dw, bf, scale, G, g, pa, 
     nb = (n + block - 1) // block
     na = (nb + sega - 1) // sega
     nbb = (nb + segb - 1) // segb
-    bufs, own = _item_buffers(n, block, chunk, d, T, span, sega, swa, q1, o1, sws, kpa)
+    bufs, own = _item_buffers(n, block, chunk, d, T, span, sega, swa, q1, o1, sws, local)
+    # np.int64: values, not literals, so that these calls compile no _piece_item of their own
+    first, last, in_place = np.int64(FIRST), np.int64(LAST), np.int64(0)
     for bh in prange(BH):
         if (bh % H) % G != g:
             continue
         tid = numba.get_thread_id()
         for it in range(na):
-            _piece_item(it, na, bh, q1, k1, v1, o1, ow, m1, l1, n, nb, na, d, dw, bf, scale, pa,
-                        True, False, qperm, kpa, kta, ksa, span, copies, tile_ptr, tile_col,
-                        tile_mask, masks, maskt, ranges, fused, block, chunk, sega, precise,
-                        swa, sws, bufs, own, tid)
+            _piece_item(it, na, np.int64(bh), q1, k1, v1, o1, ow, m1, l1, n, nb, na, d, dw, bf,
+                        scale, pa, first, qperm, kpa, kta, ksa, span, copies, tile_ptr, tile_col,
+                        tile_mask, masks, maskt, ranges, fused, block, chunk, sega, precise, swa,
+                        sws, bufs, own, tid)
         for it in range(nbb):
-            _piece_item(it, nbb, bh, q1, k1, v1, o1, ow, m1, l1, n, nb, nbb, d, dw, bf, scale, pb,
-                        False, True, qperm, kpb, ktb, ksb, 0, copies, tile_ptr, tile_col,
-                        tile_mask, masks, maskt, ranges, fused, block, chunk, segb, precise,
-                        swb, sws, bufs, own, tid)
+            _piece_item(it, nbb, np.int64(bh), q1, k1, v1, o1, ow, m1, l1, n, nb, nbb, d, dw, bf,
+                        scale, pb, last, qperm, kpb, ktb, ksb, in_place, copies, tile_ptr,
+                        tile_col, tile_mask, masks, maskt, ranges, fused, block, chunk, segb,
+                        precise, swb, sws, bufs, own, tid)
 
 
 @numba.njit(parallel=True, cache=True, fastmath=_FM)
 def _forward_pair(q1, ka, va, kb, vb, o1, ow, m1, l1, BH, H, d, dw, bf, scale, G, g, pa, pb,
-                  first, last, qperm, kpa, kta, ksa, kpb, ktb, ksb, tile_ptr, tile_col, tile_mask,
+                  how_a, how_b, qperm, kpa, kta, ksa, kpb, ktb, ksb, tile_ptr, tile_col, tile_mask,
                   masks, maskt, ranges, fused, block, chunk, seg, precise, T):  # pragma: no cover - compiled
     """Pieces ``pa`` then ``pb`` of softmax group ``g``, one after the other on each
     query block, for two pieces with the same query order that copy nothing: what two
@@ -263,8 +268,9 @@ def _forward_pair(q1, ka, va, kb, vb, o1, ow, m1, l1, BH, H, d, dw, bf, scale, G
     ``m1``, ``l1``) goes from one piece to the next while still in the cache, instead
     of through memory a whole call later. ``pa`` reads keys and values ``ka, va`` (its
     ``kperm_used, kstart, kstep``: ``kpa, kta, ksa``), ``pb`` reads ``kb, vb`` (``kpb,
-    ktb, ksb``); ``first``: ``pa`` starts the group; ``last``: ``pb`` ends it. ``dw, bf``:
-    as in :func:`._forward_block._qblock`."""
+    ktb, ksb``); ``how_a``, ``how_b``: the pieces' bits (:data:`FIRST` where ``pa`` starts
+    the group, :data:`LAST` where ``pb`` ends it, :data:`PREFETCH`). ``dw, bf``: as in
+    :func:`._forward_block._qblock`."""
     _wide()
     n = m1.shape[0] // BH
     nb = (n + block - 1) // block
@@ -278,20 +284,21 @@ def _forward_pair(q1, ka, va, kb, vb, o1, ow, m1, l1, BH, H, d, dw, bf, scale, G
         base = bh * n
         for I in range((w % nseg) * seg, min(nb, (w % nseg + 1) * seg)):
             _qblock(q1, base, qperm[pa], ka, va, o1, ow, m1, l1, base, base, n, d, dw, bf, pa, I,
-                    scale, first, False, qperm[pa], kpa, kta, ksa, tile_ptr, tile_col, tile_mask,
-                    masks, maskt, ranges, fused, True, block, chunk, precise, *own, False, ow[:0])
+                    scale, how_a, qperm[pa], kpa, kta, ksa, tile_ptr, tile_col, tile_mask, masks,
+                    maskt, ranges, fused, block, chunk, precise, *own, ow[:0])
             _qblock(q1, base, qperm[pb], kb, vb, o1, ow, m1, l1, base, base, n, d, dw, bf, pb, I,
-                    scale, False, last, qperm[pb], kpb, ktb, ksb, tile_ptr, tile_col, tile_mask,
-                    masks, maskt, ranges, fused, True, block, chunk, precise, *own, False, ow[:0])
+                    scale, how_b, qperm[pb], kpb, ktb, ksb, tile_ptr, tile_col, tile_mask, masks,
+                    maskt, ranges, fused, block, chunk, precise, *own, ow[:0])
 
 
-def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=False,
+def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=0,
              ow=None):
     """``q1, k1, v1, o1``: flattened ``(B*H*n*d,)``; ``m1``: ``(B*H*n,)`` (becomes the
     log-sum-exp); head ``h`` uses group ``h % G``. The pieces of a group continue one
     online softmax per token, in the order of :func:`_forward_steps`; between them the
     unnormalized output lives in ``o1``'s rows, which the last piece normalizes.
-    ``bf``: ``q1, k1, v1`` are bf16, as float32 words of two (see :func:`._forward_block._qblock`);
+    ``bf`` (an int, 0 for float inputs, as the bf16 paths' 1 or 2: one type, one compiled
+    kernel): ``q1, k1, v1`` are bf16, as float32 words of two (see :func:`._forward_block._qblock`);
     ``ow`` (with ``bf``): the output's bf16 words, ``o1`` then only holding the state.
     With ``bf``, a copied piece whose state the group's last piece reads next, a whole call
     later (strided's residue classes, then its window; :func:`._schedule._state_words`),
@@ -319,6 +326,7 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
               if fused else _NO_RANGES)
     rows = 2 * _LOCAL_ROWS if bf else _LOCAL_ROWS  # a copying item's queries (bf16: half the bytes)
     steps = plan.memo(("cpu.forward", seg, rows), lambda: _forward_steps(plan, seg, rows))
+    local = _identity(plan)
     T = numba.get_num_threads()
     sw = _state_words(steps, groups) if bf else [0] * len(steps)
     sws = (ow if ow.size else _buffer((o1.size,), np.uint16)) if 1 in sw else ow[:0]
@@ -331,7 +339,7 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
         _forward_two(q1, k1, v1, o1, ow, m1, l1, BH, H, d, dw, bf, scale, G, groups[a[0]], a[0],
                      b[0], plan.qperm, a[8], a[6], a[7], a[3], a[9], a[4], b[8], b[6], b[7], b[4],
                      plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks, maskt, ranges,
-                     fused, block, chunk, precise, T, sw[0], sw[1], sws)
+                     fused, block, chunk, precise, T, sw[0], sw[1], local, sws)
         return
     pending = None  # a piece held back to run together with the next one (_forward_pair)
     for x, (p, first, last, span, items, reorder, kt, ks, kperm_used, copies,
@@ -357,14 +365,15 @@ def _forward(q1, k1, v1, o1, m1, BH, H, d, scale, plan, chunk, seg, precise, bf=
             pa, pfirst, kpa, kta, ksa, ka, va = pending
             pending = None
             _forward_pair(q1, ka, va, kq, vq, o1, ow, m1, l1, BH, H, d, dw, bf, scale, G,
-                          groups[p], pa, p, pfirst, last, plan.qperm, kpa, kta, ksa, kperm_used,
+                          groups[p], pa, p, FIRST * pfirst | PREFETCH, LAST * last | PREFETCH,
+                          plan.qperm, kpa, kta, ksa, kperm_used,
                           kt, ks, plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks, maskt,
                           ranges, fused, block, chunk, items, precise, T)
             continue
         _forward_piece(q1, kq, vq, o1, ow, m1, l1, BH, H, d, dw, bf, scale, G, groups[p], p,
-                       first, last, plan.qperm, kperm_used, kt, ks, span, copies, plan.tile_ptr,
-                       plan.tile_col, plan.tile_mask, plan.masks, maskt, ranges, fused, block,
-                       chunk, items, precise, T, sw[x], sws)
+                       FIRST * first | LAST * last, plan.qperm, kperm_used, kt, ks, span, copies,
+                       plan.tile_ptr, plan.tile_col, plan.tile_mask, plan.masks, maskt, ranges,
+                       fused, block, chunk, items, precise, T, sw[x], local, sws)
 
 
 def forward_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan, *, scale: float,

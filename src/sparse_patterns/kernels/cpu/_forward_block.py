@@ -33,7 +33,14 @@ from ._llvm_fwd import (
 from ._pool import _ring_slots
 from ._softmax import _exp_rows, _mask_tile_t, _softmax_cols
 
-__all__ = ["_qblock", "_no_keys"]
+__all__ = ["FIRST", "LAST", "PREFETCH", "STATE_WORDS", "_qblock", "_no_keys"]
+
+# what a block does beyond its tiles, as the bits of ``_qblock``'s ``how``: one int, not
+# four bools, so that a constant at a call site compiles no specialization of its own
+FIRST = 1  # the piece starts its softmax group
+LAST = 2  # the piece ends it: normalize into the output
+PREFETCH = 4  # a block in place asks for the next block's rows
+STATE_WORDS = 8  # the state's output rows come as bf16 words from ``sws``
 
 
 @numba.njit(cache=True, inline="always")
@@ -49,26 +56,29 @@ def _no_keys(o1, ow, m1, i, d):  # pragma: no cover - compiled
 
 @numba.njit(**_BLOCK)
 def _qblock(q1, qbase, qrows, k1, v1, o1, ow, m1, l1, base, kbase, n, d, dw, bf, p, I, scale,
-            first, last, qmap, kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks,
-            maskt, ranges, fused, pf, block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow,
-            lrow, cmax, msub, csum, alpha, roff, swin, sws):  # pragma: no cover - compiled
+            how, qmap, kperm_used, kstart, kstep, tile_ptr, tile_col, tile_mask, masks, maskt,
+            ranges, fused, block, chunk, precise, qbuf, kbuf, vbuf, sbuf, obuf, mrow, lrow, cmax,
+            msub, csum, alpha, roff, sws):  # pragma: no cover - compiled
     """Query block ``I`` of piece ``p`` for one (batch, head): continues the online
     softmax of its queries over chunks of tiles. Position ``x`` of the piece's order
     is row ``qbase + qrows[x]`` of ``q1``, row ``base + qmap[x]`` of the state, and its key
     and value row ``kbase + kperm_used[x]``. Between pieces of one softmax group the state of each
     token lives in ``m1`` (running max), ``l1`` (running sum) and ``o1`` (unnormalized output);
-    the ``first`` piece of a group starts it, the ``last`` one normalizes ``o1`` into the
-    output in place, ``m1`` becoming the log-sum-exp.
+    the first piece of a group (``how`` has :data:`FIRST`) starts it, the last one
+    (:data:`LAST`) normalizes ``o1`` into the output in place, ``m1`` becoming the
+    log-sum-exp.
 
     A row of ``q1, k1, v1`` is ``dw`` elements: ``d``, or with ``bf`` (bf16 inputs,
     :func:`._forward.forward_bf16`) ``d / 2`` float32 words each holding two bf16 (``P V`` pairs
     value rows in registers). Every chunk of a bf16 block is whole 32-token tiles (see
-    :func:`._bf16.bf16_applies`). ``pf``: a block used in place asks for the next block's
-    rows (software prefetch, a hint that changes no result). ``ow`` not empty (with
-    ``last``): the output rows go there as bf16 words, row ``i`` at ``ow[i*d]``, and not
-    to ``o1``. ``swin``: the state's output rows come as bf16 words from ``sws`` (row
-    ``i`` at ``sws[i*d]``), not from ``o1`` (see :func:`._forward._forward_piece`)."""
+    :func:`._bf16.bf16_applies`). :data:`PREFETCH`: a block used in place asks for the next
+    block's rows (software prefetch, a hint that changes no result). ``ow`` not empty (with
+    :data:`LAST`): the output rows go there as bf16 words, row ``i`` at ``ow[i*d]``, and not
+    to ``o1``. :data:`STATE_WORDS`: the state's output rows come as bf16 words from ``sws``
+    (row ``i`` at ``sws[i*d]``), not from ``o1`` (see :func:`._forward._forward_piece`)."""
     _wide()
+    first, last = (how & FIRST) != 0, (how & LAST) != 0
+    pf, swin = (how & PREFETCH) != 0, (how & STATE_WORDS) != 0
     nb = (n + block - 1) // block
     ninf = -np.inf
     unit = 1.0 if precise else _LOG2E  # float32 scores in base-2 units (exp2 is cheaper)

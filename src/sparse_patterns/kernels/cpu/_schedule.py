@@ -140,6 +140,17 @@ def _copy_orders(plan, p: int, items: int, kperm_used: np.ndarray, s: int) -> tu
 _NO_COPIES = (np.zeros(1, np.int64),) * 5
 
 
+def _identity(plan) -> np.ndarray:
+    """The identity permutation of the plan's tokens, in its orders' dtype and read-only
+    as they are (once per plan): the order of a piece reordered once per call and of a
+    work item's own buffers, so that every order a block reads has one array type."""
+    def build():
+        local = np.arange(plan.n, dtype=plan.kperm.dtype)
+        local.flags.writeable = False
+        return local
+    return plan.memo("cpu.identity", build)
+
+
 def _forward_steps(plan, seg: int, rows: int = _LOCAL_ROWS) -> list[tuple]:
     """What the forward derives from the plan alone, once per plan (see
     :meth:`ExecutionPlan.memo`): the pieces in the order they run, each as
@@ -181,7 +192,7 @@ def _forward_steps(plan, seg: int, rows: int = _LOCAL_ROWS) -> list[tuple]:
                 reorder = (int(residue[p]), min(n, used * block))
                 kt = np.arange(nb, dtype=np.int64) * block
                 ks = np.ones(nb, dtype=np.int64)
-                kperm_used = np.arange(n, dtype=kperm.dtype)
+                kperm_used = _identity(plan)
         copies = (_copy_orders(plan, p, items, kperm_used, int(residue[p])) if span > 0
                   else _NO_COPIES)
         steps.append([p, p == same[0], p == same[-1], span, items, reorder,
