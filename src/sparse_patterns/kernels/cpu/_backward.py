@@ -340,183 +340,208 @@ def _backward(q2, k2, v2, o2, do2, l1, dq, dk, dv, BH, H, scale, G, piece_group,
     finishes them (:func:`._rows._narrow_rows`) or when it is done; ``dq``, ``dk``, ``dv``
     then hold ``T`` heads' rows, one for each thread, reused from head to head.
     ``porder``: the order in which a head runs the pieces (:func:`._schedule._backward_order`)."""
+    d = dq.shape[1]
+    n = q2.shape[0] // BH
+    nb = (n + block - 1) // block
+    # the piece's order inside an item's buffers: position x is row x - x0
+    ident = np.arange(n, dtype=qperm.dtype).reshape((1, n))
+    istart = (np.arange(nb, dtype=qstart.dtype) * block).reshape((1, nb))
+    istep = np.ones((1, nb), dtype=qstep.dtype)
+    # item buffers of each thread: q, dO, dq (fused) or q, dO, k, v, dq, dk, dv rows
+    A = 3 if fused else 7
+    items_ib = _aligned(T * A * item_rows * d, q2).reshape((T, A, item_rows, d))
+    ins, grads, words = (q2, k2, v2, o2, do2, l1), (dq, dk, dv), (dq16, dk16, dv16)
+    tiles32 = (col_ptr, col_tile, tile_row, tile_mask, masks, ranges)  # (_kblock32's)
+    orders = (piece_group, qperm, kperm, qstart, qstep, porder, ident, istart, istep)
+    work = (item_ptr, items, item_order, items_ib)
+    for bh in prange(BH):  # the loop's body a function: parallel lowering of a small loop
+        _backward_head(np.int64(bh), BH, H, G, scale, block, chunk, precise, fused, bf, qrange,
+                       ins, grads, words, tiles32, orders, work)
+
+
+@numba.njit(cache=True, fastmath=_FM)
+def _backward_head(bh, BH, H, G, scale, block, chunk, precise, fused, bf, qrange, ins, grads,
+                   words, tiles32, orders, work):  # pragma: no cover - compiled
+    """(batch x head) ``bh`` of :func:`_backward`, by the calling thread; tuples, unpacked
+    at compile time: ``ins`` (``q2, k2, v2, o2, do2, l1``), ``grads`` (``dq, dk, dv``),
+    ``words`` (``dq16, dk16, dv16``), ``tiles32`` (``col_ptr, col_tile, tile_row,
+    tile_mask, masks, ranges``), ``orders`` (``piece_group, qperm, kperm, qstart, qstep,
+    porder`` and the identity order of an item's buffers ``ident, istart, istep``),
+    ``work`` (``item_ptr, items, item_order`` and the threads' item buffers)."""
     _wide()
+    q2, k2, v2, o2, do2, l1 = ins
+    dq, dk, dv = grads
+    dq16, dk16, dv16 = words
+    col_ptr, col_tile, tile_row, tile_mask, masks, ranges = tiles32
+    piece_group, qperm, kperm, qstart, qstep, porder, ident, istart, istep = orders
+    item_ptr, items, item_order, items_ib = work
     d = dq.shape[1]
     dw = d // 2 if bf else d
     n = q2.shape[0] // BH
     narrow = dq16.size > 0
     nb = (n + block - 1) // block
     dt = q2.dtype
-    # the piece's order inside an item's buffers: position x is row x - x0
-    ident = np.arange(n, dtype=qperm.dtype).reshape((1, n))
-    istart = (np.arange(nb, dtype=qstart.dtype) * block).reshape((1, nb))
-    istep = np.ones((1, nb), dtype=qstep.dtype)
-    # item buffers of each thread: q, dO, dq (fused) or q, dO, k, v, dq, dk, dv rows
-    R = item_rows
-    A = 3 if fused else 7
-    items_ib = _aligned(T * A * R * d, q2).reshape((T, A, R, d))
-    tiles32 = (col_ptr, col_tile, tile_row, tile_mask, masks, ranges)  # (_kblock32's)
-    for bh in prange(BH):
-        # the head's rows, from row 0 of each array (its gradients: the thread's rows
-        # when they are narrowed afterwards)
-        h0 = bh * n
-        t0 = numba.get_thread_id() * n  # the thread's rows of its scratch arrays
-        g0 = t0 if narrow else h0
-        hq, hk, hv, ho, hdo = (q2[h0:h0 + n], k2[h0:h0 + n], v2[h0:h0 + n], o2[h0:h0 + n],
-                               do2[h0:h0 + n])
-        hl1 = l1[h0:h0 + n]
-        hdq, hdk, hdv = dq[g0:g0 + n], dk[g0:g0 + n], dv[g0:g0 + n]
-        qf, dof, dqf = hq.reshape(hq.size), hdo.reshape(hdo.size), hdq.reshape(hdq.size)
-        dkf, dvf = hdk.reshape(hdk.size), hdv.reshape(hdv.size)
-        dl = np.empty(n, dt)
-        if bf:
-            _delta_bf16(dof, ho.reshape(ho.size), n, dw, dl)
-        else:
-            _delta_rows(hdo, ho, 0, n, dl, precise)
-        g = (bh % H) % G
-        l2 = np.empty(n if fused else 0, dt)  # the fused path's statistics (see _kblock32)
-        ok = np.empty(n if fused else 0, np.uint32)
-        _stats32(hl1, 0, 0, n, l2, ok)
-        qnew = np.ones(n if fused else 0, np.uint8)  # fused: rows set on first use
-        knew = np.ones(n if fused else 0, np.uint8)
-        if not fused:
-            _zero(dqf, 0, n * d)
-            _zero(dkf, 0, n * d)
-            _zero(dvf, 0, n * d)
-        # buffers of the fused path (float32, 32-token tiles), or of _kblock's BLAS calls
-        c32 = chunk * 32 if fused else 1
-        kc = _aligned((3 if fused else 2) * block * d, q2)
-        vc = _aligned(block * d, q2)
-        qc = _aligned(max(chunk * block, c32) * d, q2)
-        doc = _aligned(max(chunk * block, c32) * d, q2)
-        lc = _aligned(max(chunk * block, c32), q2)
-        mbits = np.empty(max(chunk * block, c32), np.uint32)
-        dc = _aligned(max(chunk * block, c32), q2)
-        sbuf = _aligned(chunk * block * block, q2)
-        dpbuf = _aligned(chunk * block * block, q2)
-        dkacc = _aligned(block * d, q2)
-        dvacc = _aligned(block * d, q2)
-        dqc = _aligned(max(chunk * block, c32) * d, q2)
-        rowsrc = np.empty(max(chunk * block, c32, block), np.int64)
-        roff = np.empty(c32, np.int64)
-        roffd = np.empty(c32, np.int64)
-        skeys = _aligned((c32 * 16 + (c32 * (16 + d) if bf == 2 else 0)) if bf else 0, q2)
-        rng, ring = np.empty(c32, np.int64), np.full(2 * chunk, -1, np.int64)  # ring: AMX's
-        scratch32 = (kc, qc, doc, dqc, lc, dc, mbits, sbuf, dpbuf, dkacc, dvacc, roff, roffd,
-                     rowsrc, rng, skeys, ring)
-        ib = items_ib[numba.get_thread_id()]
-        iq = 2 if fused else 4  # where the gradients start
-        lq, ldo, ldq = ib[0], ib[1], ib[iq]
-        lk, lv, ldk, ldv = ib[2 % A], ib[3 % A], ib[5 % A], ib[6 % A]  # (_kblock only)
-        ll = _aligned(R, q2)
-        ldl = np.empty(n, dt)
-        ll2 = np.empty(n if fused else 0, dt)
-        noflags = np.zeros(0, np.uint8)
-        lok = np.empty(n if fused else 0, np.uint32)
-        # narrowed: the head's last piece, where it runs over ranges of query blocks, rounds
-        # the rows each range finishes (while they are in the cache); the others at the end
-        last, nd = -1, n if narrow else 0
-        for p in porder:
-            last = p if piece_group[p] == g else last
-        inc = narrow and qrange > 0 and last >= 0 and item_ptr[last + 1] == item_ptr[last]
-        qdone, kdone = np.zeros(nd, np.uint8), np.zeros(nd, np.uint8)
-        jn = 0  # the last piece's key blocks rounded so far
-        for p in porder:
-            if piece_group[p] != g:
+    R = items_ib.shape[2]
+    A = items_ib.shape[1]
+    # the head's rows, from row 0 of each array (its gradients: the thread's rows
+    # when they are narrowed afterwards)
+    h0 = bh * n
+    t0 = numba.get_thread_id() * n  # the thread's rows of its scratch arrays
+    g0 = t0 if narrow else h0
+    hq, hk, hv, ho, hdo = (q2[h0:h0 + n], k2[h0:h0 + n], v2[h0:h0 + n], o2[h0:h0 + n],
+                           do2[h0:h0 + n])
+    hl1 = l1[h0:h0 + n]
+    hdq, hdk, hdv = dq[g0:g0 + n], dk[g0:g0 + n], dv[g0:g0 + n]
+    qf, dof, dqf = hq.reshape(hq.size), hdo.reshape(hdo.size), hdq.reshape(hdq.size)
+    dkf, dvf = hdk.reshape(hdk.size), hdv.reshape(hdv.size)
+    dl = np.empty(n, dt)
+    if bf:
+        _delta_bf16(dof, ho.reshape(ho.size), n, dw, dl)
+    else:
+        _delta_rows(hdo, ho, 0, n, dl, precise)
+    g = (bh % H) % G
+    l2 = np.empty(n if fused else 0, dt)  # the fused path's statistics (see _kblock32)
+    ok = np.empty(n if fused else 0, np.uint32)
+    _stats32(hl1, 0, 0, n, l2, ok)
+    qnew = np.ones(n if fused else 0, np.uint8)  # fused: rows set on first use
+    knew = np.ones(n if fused else 0, np.uint8)
+    if not fused:
+        _zero(dqf, 0, n * d)
+        _zero(dkf, 0, n * d)
+        _zero(dvf, 0, n * d)
+    # buffers of the fused path (float32, 32-token tiles), or of _kblock's BLAS calls
+    c32 = chunk * 32 if fused else 1
+    kc = _aligned((3 if fused else 2) * block * d, q2)
+    vc = _aligned(block * d, q2)
+    qc = _aligned(max(chunk * block, c32) * d, q2)
+    doc = _aligned(max(chunk * block, c32) * d, q2)
+    lc = _aligned(max(chunk * block, c32), q2)
+    mbits = np.empty(max(chunk * block, c32), np.uint32)
+    dc = _aligned(max(chunk * block, c32), q2)
+    sbuf = _aligned(chunk * block * block, q2)
+    dpbuf = _aligned(chunk * block * block, q2)
+    dkacc = _aligned(block * d, q2)
+    dvacc = _aligned(block * d, q2)
+    dqc = _aligned(max(chunk * block, c32) * d, q2)
+    rowsrc = np.empty(max(chunk * block, c32, block), np.int64)
+    roff = np.empty(c32, np.int64)
+    roffd = np.empty(c32, np.int64)
+    skeys = _aligned((c32 * 16 + (c32 * (16 + d) if bf == 2 else 0)) if bf else 0, q2)
+    rng, ring = np.empty(c32, np.int64), np.full(2 * chunk, -1, np.int64)  # ring: AMX's
+    scratch32 = (kc, qc, doc, dqc, lc, dc, mbits, sbuf, dpbuf, dkacc, dvacc, roff, roffd,
+                 rowsrc, rng, skeys, ring)
+    ib = items_ib[numba.get_thread_id()]
+    iq = 2 if fused else 4  # where the gradients start
+    lq, ldo, ldq = ib[0], ib[1], ib[iq]
+    lk, lv, ldk, ldv = ib[2 % A], ib[3 % A], ib[5 % A], ib[6 % A]  # (_kblock only)
+    ll = _aligned(R, q2)
+    ldl = np.empty(n, dt)
+    ll2 = np.empty(n if fused else 0, dt)
+    noflags = np.zeros(0, np.uint8)
+    lok = np.empty(n if fused else 0, np.uint32)
+    # narrowed: the head's last piece, where it runs over ranges of query blocks, rounds
+    # the rows each range finishes (while they are in the cache); the others at the end
+    last, nd = -1, n if narrow else 0
+    for p in porder:
+        last = p if piece_group[p] == g else last
+    inc = narrow and qrange > 0 and last >= 0 and item_ptr[last + 1] == item_ptr[last]
+    qdone, kdone = np.zeros(nd, np.uint8), np.zeros(nd, np.uint8)
+    jn = 0  # the last piece's key blocks rounded so far
+    for p in porder:
+        if piece_group[p] != g:
+            continue
+        nit = item_ptr[p + 1] - item_ptr[p]
+        perm = qperm[p]  # = kperm[p] for a piece with items
+        for u in range(max(nit, 1)):  # the piece's work items, or its whole order
+            # the head's rows, or an item's (one call site per kernel: compiled once)
+            wq, wdo, wdq, wk, wv, wdk, wdv = hq, hdo, hdq, hk, hv, hdk, hdv
+            wl1, wl2, wdl, wok, wqnew = hl1, l2, dl, ok, qnew
+            wqperm, wkperm, wpp, wstart, wstep = qperm, kperm, p, qstart, qstep
+            wqf, wdof, wdqf = qf, dof, dqf
+            wbase, J0, J1 = 0, 0, nb
+            if nit > 0:
+                ring[:chunk] = -1  # the item's rows, new in its buffers
+                it = item_ptr[p] + u
+                b0, b1, o0 = items[it, 0], items[it, 1], items[it, 2]
+                x0 = b0 * block
+                x1 = min(n, b1 * block)
+                # one array at a time (interleaving them thrashes the L1 sets); fused:
+                # keys and values are read, dk and dv added, in their rows
+                for a in range(2 if fused else 4):
+                    src = qf if a == 0 else (dof if a == 1 else (
+                        hk.reshape(hk.size) if a == 2 else hv.reshape(hv.size)))
+                    dst = ib[a].reshape(R * d)
+                    for t in range(o0, o0 + x1 - x0):
+                        x = item_order[t]
+                        _copy(dst, (x - x0) * dw, src, perm[x] * dw, dw)
+                for t in range(o0, o0 + x1 - x0):
+                    x = item_order[t]
+                    ll[x - x0] = hl1[perm[x]]
+                    ldl[x] = dl[perm[x]]
+                _stats32(ll, -x0, x0, x1, ll2, lok)
+                _zero(ldq.reshape(R * d), 0, (x1 - x0) * d)
+                if not fused:
+                    _zero(ldk.reshape(R * d), 0, (x1 - x0) * d)
+                    _zero(ldv.reshape(R * d), 0, (x1 - x0) * d)
+                wq, wdo, wdq, wbase, J0, J1 = lq, ldo, ldq, -x0, b0, b1
+                wl1, wl2, wdl, wok, wqnew = ll, ll2, ldl, lok, noflags
+                wqperm, wpp, wstart, wstep = ident, 0, istart, istep
+                wqf, wdof, wdqf = lq.reshape(R * d), ldo.reshape(R * d), ldq.reshape(R * d)
+                if not fused:
+                    wk, wv, wdk, wdv, wkperm = lk, lv, ldk, ldv, ident
+            # fused, over the head's whole order: the key blocks take the query blocks
+            # ``qrange`` at a time, so that those rows of q, dO and dq stay in the cache
+            # from one key block to the next (a long column, fixed's summaries, reads
+            # every later row; the head's rows outgrow the cache that 2 threads share)
+            nr = qrange if fused and nit == 0 and qrange > 0 else nb
+            for r0 in range(0, nb, nr):
+                for J in range(J0, J1):
+                    if fused:
+                        c0, c1 = col_ptr[p * nb + J], col_ptr[p * nb + J + 1]
+                        if c0 == c1 or (nr < nb and (tile_row[col_tile[c1 - 1]] < r0 or
+                                                     tile_row[col_tile[c0]] >= r0 + nr)):
+                            continue  # no tile of this key block in these query blocks
+                        _kblock32(wq, wdo, wdq, wbase, wqperm[wpp], wstep[wpp], wl2, wdl,
+                                  wok, hk, hv, hdk, hdv, kperm[p], n, p, J, scale, tiles32,
+                                  chunk, scratch32, wqnew, knew, bf, dw, r0, r0 + nr)
+                    else:
+                        _kblock(wq, wk, wv, wdo, wl1, wdl, wdq, wdk, wdv, wbase, n, p, wpp,
+                                J, scale, wqperm, wkperm, col_ptr, col_tile, tile_row,
+                                tile_mask, masks, block, chunk, precise, kc, vc, qc, doc, lc,
+                                mbits, dc, sbuf, dpbuf, dkacc, dvacc, dqc, rowsrc, wstart,
+                                wstep, wqf, wdof, wdqf)
+                if inc and p == last:  # the rows this range of query blocks finished
+                    I1 = min(nb, r0 + nr)
+                    _narrow_rows(perm, r0 * block, min(n, I1 * block), qnew, qdone, d, bf,
+                                 h0 * d, dqf, dq16, dqf[:0], dq16)
+                    j0, jn = jn, _finished_blocks(col_ptr, col_tile, tile_row, p, nb, jn, I1)
+                    _narrow_rows(kperm[p], j0 * block, min(n, jn * block), knew, kdone, d,
+                                 bf, h0 * d, dkf, dk16, dvf, dv16)
+            if nit == 0:
                 continue
-            nit = item_ptr[p + 1] - item_ptr[p]
-            perm = qperm[p]  # = kperm[p] for a piece with items
-            for u in range(max(nit, 1)):  # the piece's work items, or its whole order
-                # the head's rows, or an item's (one call site per kernel: compiled once)
-                wq, wdo, wdq, wk, wv, wdk, wdv = hq, hdo, hdq, hk, hv, hdk, hdv
-                wl1, wl2, wdl, wok, wqnew = hl1, l2, dl, ok, qnew
-                wqperm, wkperm, wpp, wstart, wstep = qperm, kperm, p, qstart, qstep
-                wqf, wdof, wdqf = qf, dof, dqf
-                wbase, J0, J1 = 0, 0, nb
-                if nit > 0:
-                    ring[:chunk] = -1  # the item's rows, new in its buffers
-                    it = item_ptr[p] + u
-                    b0, b1, o0 = items[it, 0], items[it, 1], items[it, 2]
-                    x0 = b0 * block
-                    x1 = min(n, b1 * block)
-                    # one array at a time (interleaving them thrashes the L1 sets); fused:
-                    # keys and values are read, dk and dv added, in their rows
-                    for a in range(2 if fused else 4):
-                        src = qf if a == 0 else (dof if a == 1 else (
-                            hk.reshape(hk.size) if a == 2 else hv.reshape(hv.size)))
-                        dst = ib[a].reshape(R * d)
-                        for t in range(o0, o0 + x1 - x0):
-                            x = item_order[t]
-                            _copy(dst, (x - x0) * dw, src, perm[x] * dw, dw)
-                    for t in range(o0, o0 + x1 - x0):
-                        x = item_order[t]
-                        ll[x - x0] = hl1[perm[x]]
-                        ldl[x] = dl[perm[x]]
-                    _stats32(ll, -x0, x0, x1, ll2, lok)
-                    _zero(ldq.reshape(R * d), 0, (x1 - x0) * d)
-                    if not fused:
-                        _zero(ldk.reshape(R * d), 0, (x1 - x0) * d)
-                        _zero(ldv.reshape(R * d), 0, (x1 - x0) * d)
-                    wq, wdo, wdq, wbase, J0, J1 = lq, ldo, ldq, -x0, b0, b1
-                    wl1, wl2, wdl, wok, wqnew = ll, ll2, ldl, lok, noflags
-                    wqperm, wpp, wstart, wstep = ident, 0, istart, istep
-                    wqf, wdof, wdqf = lq.reshape(R * d), ldo.reshape(R * d), ldq.reshape(R * d)
-                    if not fused:
-                        wk, wv, wdk, wdv, wkperm = lk, lv, ldk, ldv, ident
-                # fused, over the head's whole order: the key blocks take the query blocks
-                # ``qrange`` at a time, so that those rows of q, dO and dq stay in the cache
-                # from one key block to the next (a long column, fixed's summaries, reads
-                # every later row; the head's rows outgrow the cache that 2 threads share)
-                nr = qrange if fused and nit == 0 and qrange > 0 else nb
-                for r0 in range(0, nb, nr):
-                    for J in range(J0, J1):
-                        if fused:
-                            c0, c1 = col_ptr[p * nb + J], col_ptr[p * nb + J + 1]
-                            if c0 == c1 or (nr < nb and (tile_row[col_tile[c1 - 1]] < r0 or
-                                                         tile_row[col_tile[c0]] >= r0 + nr)):
-                                continue  # no tile of this key block in these query blocks
-                            _kblock32(wq, wdo, wdq, wbase, wqperm[wpp], wstep[wpp], wl2, wdl,
-                                      wok, hk, hv, hdk, hdv, kperm[p], n, p, J, scale, tiles32,
-                                      chunk, scratch32, wqnew, knew, bf, dw, r0, r0 + nr)
-                        else:
-                            _kblock(wq, wk, wv, wdo, wl1, wdl, wdq, wdk, wdv, wbase, n, p, wpp,
-                                    J, scale, wqperm, wkperm, col_ptr, col_tile, tile_row,
-                                    tile_mask, masks, block, chunk, precise, kc, vc, qc, doc, lc,
-                                    mbits, dc, sbuf, dpbuf, dkacc, dvacc, dqc, rowsrc, wstart,
-                                    wstep, wqf, wdof, wdqf)
-                    if inc and p == last:  # the rows this range of query blocks finished
-                        I1 = min(nb, r0 + nr)
-                        _narrow_rows(perm, r0 * block, min(n, I1 * block), qnew, qdone, d, bf,
-                                     h0 * d, dqf, dq16, dqf[:0], dq16)
-                        j0, jn = jn, _finished_blocks(col_ptr, col_tile, tile_row, p, nb, jn, I1)
-                        _narrow_rows(kperm[p], j0 * block, min(n, jn * block), knew, kdone, d,
-                                     bf, h0 * d, dkf, dk16, dvf, dv16)
-                if nit == 0:
-                    continue
-                for a in range(1 if fused else 3):  # the gradients added to their rows
-                    g2 = hdq if a == 0 else (hdk if a == 1 else hdv)
-                    lg = ib[iq + a]
-                    for t in range(o0, o0 + x1 - x0):
-                        x = item_order[t]
-                        grow, lrow = g2[perm[x]], lg[x - x0]  # row views: vectorized
-                        if a == 0 and fused and qnew[perm[x]]:
-                            qnew[perm[x]] = 0
-                            for c in range(d):
-                                grow[c] = lrow[c]
-                        else:
-                            for c in range(d):
-                                grow[c] += lrow[c]
-        if narrow:  # the rest of the head's gradients to bf16 words (the rows free again)
-            _narrow_rows(ident[0], 0, n, qnew, qdone, d, bf, h0 * d, dqf, dq16, dqf[:0], dq16)
-            _narrow_rows(ident[0], 0, n, knew, kdone, d, bf, h0 * d, dkf, dk16, dvf, dv16)
-        else:
-            for i in range(qnew.size):  # rows that no tile reaches
-                if qnew[i]:
-                    _zero(dqf, i * d, d)
-                if knew[i]:
-                    _zero(dkf, i * d, d)
-                    _zero(dvf, i * d, d)
-
+            for a in range(1 if fused else 3):  # the gradients added to their rows
+                g2 = hdq if a == 0 else (hdk if a == 1 else hdv)
+                lg = ib[iq + a]
+                for t in range(o0, o0 + x1 - x0):
+                    x = item_order[t]
+                    grow, lrow = g2[perm[x]], lg[x - x0]  # row views: vectorized
+                    if a == 0 and fused and qnew[perm[x]]:
+                        qnew[perm[x]] = 0
+                        for c in range(d):
+                            grow[c] = lrow[c]
+                    else:
+                        for c in range(d):
+                            grow[c] += lrow[c]
+    if narrow:  # the rest of the head's gradients to bf16 words (the rows free again)
+        _narrow_rows(ident[0], 0, n, qnew, qdone, d, bf, h0 * d, dqf, dq16, dqf[:0], dq16)
+        _narrow_rows(ident[0], 0, n, knew, kdone, d, bf, h0 * d, dkf, dk16, dvf, dv16)
+    else:
+        for i in range(qnew.size):  # rows that no tile reaches
+            if qnew[i]:
+                _zero(dqf, i * d, d)
+            if knew[i]:
+                _zero(dkf, i * d, d)
+                _zero(dvf, i * d, d)
 
 def _flat(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1, a.shape[-1])
@@ -559,7 +584,7 @@ def backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np
                   _CHUNK32 if fused else int(chunk), q.dtype == np.float64, fused, ranges,
                   *plan.memo("cpu.qsteps", lambda: _block_steps(plan.qperm, plan.block)),
                   *plan.memo("cpu.backward_items", lambda: _backward_items(plan)),
-                  numba.get_num_threads(), False, _QRANGE,
+                  numba.get_num_threads(), 0, _QRANGE,  # bf: an int, as backward_bf16's
                   _NO_WORDS, _NO_WORDS, _NO_WORDS,
                   plan.memo("cpu.backward_order", lambda: _backward_order(plan)))
     return dq, dk, dv
