@@ -449,6 +449,7 @@ def from_expression(recipe: Any, *, where: str = "recipe") -> Pattern:
     Returns
     -------
     Pattern
+        The expression's pattern, reading its rows from the families' rules.
 
     Raises
     ------

@@ -36,7 +36,7 @@ ValueError: memory_limit: must be a positive number of bytes, got 0
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 __all__ = [
@@ -94,8 +94,7 @@ def get_memory_limit() -> int:
     >>> get_memory_limit() == default_memory_limit()
     True
     """
-    limit = _state["memory_limit"]
-    return default_memory_limit() if limit is None else limit
+    return _current("memory_limit", default_memory_limit)
 
 
 def set_memory_limit(nbytes: int | None) -> None:
@@ -112,7 +111,7 @@ def set_memory_limit(nbytes: int | None) -> None:
     2147483648
     >>> set_memory_limit(None)
     """
-    _state["memory_limit"] = None if nbytes is None else _check(nbytes)
+    _set("memory_limit", nbytes)
 
 
 @contextmanager
@@ -127,6 +126,17 @@ def memory_limit(nbytes: int) -> Iterator[int]:
     """
     with _scoped("memory_limit", nbytes) as new:
         yield new
+
+
+def _current(name: str, default: Callable[[], int]) -> int:
+    """The limit ``name``: the value set, else ``default()``."""
+    limit = _state[name]
+    return default() if limit is None else limit
+
+
+def _set(name: str, nbytes: int | None) -> None:
+    """Set the limit ``name`` to ``nbytes`` (checked), or back to its default with None."""
+    _state[name] = None if nbytes is None else _check(nbytes, name)
 
 
 @contextmanager
@@ -157,11 +167,10 @@ def get_load_limit() -> int:
 
     Examples
     --------
-    >>> get_load_limit() == default_load_limit()
+    >>> get_load_limit() == default_load_limit() <= get_memory_limit()
     True
     """
-    limit = _state["load_limit"]
-    return default_load_limit() if limit is None else limit
+    return _current("load_limit", default_load_limit)
 
 
 def set_load_limit(nbytes: int | None) -> None:
@@ -170,7 +179,7 @@ def set_load_limit(nbytes: int | None) -> None:
     Raises
     ------
     ValueError
-        When ``nbytes`` is not a positive number.
+        When ``nbytes`` is not a positive, finite number of bytes (a bool is not one).
 
     Examples
     --------
@@ -182,7 +191,7 @@ def set_load_limit(nbytes: int | None) -> None:
     ...
     ValueError: load_limit: must be a positive number of bytes, got -1
     """
-    _state["load_limit"] = None if nbytes is None else _check(nbytes, "load_limit")
+    _set("load_limit", nbytes)
 
 
 @contextmanager

@@ -114,6 +114,7 @@ def load(path: str | os.PathLike, *, max_nnz: int | None = None) -> Pattern:
     Returns
     -------
     Pattern
+        The pattern the file holds.
 
     Raises
     ------

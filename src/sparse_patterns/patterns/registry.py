@@ -155,6 +155,7 @@ def make(name: str, n: int, **params: Any) -> Pattern:
     Returns
     -------
     Pattern
+        The family's pattern on ``n`` tokens.
 
     Raises
     ------

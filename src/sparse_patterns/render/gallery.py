@@ -51,6 +51,7 @@ def paper_figure(n: int = 36, side: int = 6, stride: int = 6, c: int = 1, i: int
     Returns
     -------
     matplotlib.figure.Figure
+        The figure: the three patterns' matrices above, their image views below.
 
     Examples
     --------

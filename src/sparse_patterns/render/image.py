@@ -81,6 +81,7 @@ def plot_image_view(
     Returns
     -------
     matplotlib.axes.Axes
+        The axes holding the raster: position ``i`` and what it sees.
 
     Raises
     ------

@@ -282,6 +282,7 @@ def plot_pattern(
     Returns
     -------
     matplotlib.axes.Axes
+        The axes, the heads' matrices drawn in their colours.
 
     Raises
     ------

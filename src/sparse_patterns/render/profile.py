@@ -33,6 +33,7 @@ def plot_profile(table: Any, ax: Any = None) -> Any:
     Returns
     -------
     matplotlib.axes.Axes
+        The axes, a line per pattern and runner.
 
     Examples
     --------

@@ -200,6 +200,7 @@ def plot_schedule(
     Returns
     -------
     matplotlib.axes.Axes
+        The axes, each target pair coloured by the layer that first reaches it.
 
     Raises
     ------

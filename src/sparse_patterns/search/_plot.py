@@ -41,6 +41,7 @@ def plot_search(result: Any, x: str = "max_hops", y: str = "computed_flops", ax:
     Returns
     -------
     matplotlib.axes.Axes
+        The axes, a point per row (hollow: not verified) and the Pareto front.
 
     Examples
     --------
