@@ -36,7 +36,7 @@ FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 #: Built-in backends: name -> the module holding its ``BACKEND`` object.
 BUILTIN: dict[str, str] = {
-    "numba": "sparse_patterns.kernels.cpu",
+    "numba": "sparse_patterns.kernels.cpu.backend",
     "torch": "sparse_patterns.kernels.torch_path",
     "flex": "sparse_patterns.kernels.flex",
     "cuda": "sparse_patterns.kernels.cuda",
@@ -387,7 +387,7 @@ def choose(impl: Any, arrays: Mapping[str, Any], pattern: Any, mode: Any, block:
     >>> be.name, pl.block
     ('numba', 32)
     """
-    from .inputs import resolve  # noqa: PLC0415 - imports the CPU converters
+    from .inputs import resolve  # noqa: PLC0415 - numba (the CPU converters): on first call
 
     inputs = Inputs.of(arrays)
     name = getattr(impl, "value", impl)

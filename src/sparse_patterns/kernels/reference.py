@@ -252,7 +252,7 @@ class _Reference(Backend):
     def forward(self, q: Any, k: Any, v: Any, plan: ExecutionPlan, *,
                 pattern: Pattern | None = None, scale: float | None = None,
                 return_lse: bool = False) -> Any:
-        from .inputs import HostArrays, check_scale  # noqa: PLC0415
+        from .inputs import HostArrays, check_scale  # noqa: PLC0415 - numba, on first call
 
         x = HostArrays({"q": q, "k": k, "v": v}, plan.n)
         a = x.np
@@ -263,7 +263,7 @@ class _Reference(Backend):
     def backward(self, q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, plan: ExecutionPlan,
                  *, pattern: Pattern | None = None,
                  scale: float | None = None) -> tuple[Any, Any, Any]:
-        from .inputs import HostArrays, check_scale  # noqa: PLC0415
+        from .inputs import HostArrays, check_scale  # noqa: PLC0415 - numba, on first call
 
         x = HostArrays({"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, plan.n)
         a = x.np

@@ -331,7 +331,7 @@ def plan_attention(q: Any, k: Any, v: Any, plan: ExecutionPlan, *,
     """
     import torch  # noqa: PLC0415
 
-    from .inputs import check_scale  # noqa: PLC0415
+    from .inputs import check_scale  # noqa: PLC0415 - numba, on first call
 
     _check(torch, q, k, v, plan)
     sc = check_scale(scale, q.shape[3], "float64" if q.dtype == torch.float64 else "float32")
@@ -353,7 +353,7 @@ def plan_attention(q: Any, k: Any, v: Any, plan: ExecutionPlan, *,
 
 
 def _check(torch: Any, q: Any, k: Any, v: Any, plan: ExecutionPlan) -> None:
-    from .inputs import check_shapes  # noqa: PLC0415
+    from .inputs import check_shapes  # noqa: PLC0415 - numba, on first call
 
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):

@@ -6,6 +6,7 @@ validated, and a plan (:func:`forward_bf16` and :func:`backward_bf16` the words 
 bf16 ones, on bf16 products, where :func:`amx_applies` or :func:`bf16_applies`); their
 outputs come from a per-thread pool of recycled arrays (:func:`release_workspace` frees
 it). Nothing of size ``n x n`` is ever allocated.
+Its backend object (``impl="numba"``) is :data:`.backend.BACKEND`.
 The implementation modules are private; each one's docstring says what its code does
 and why, and ``docs/kernel-notes.md`` holds the measurements behind those choices:
 
@@ -15,7 +16,8 @@ and why, and ``docs/kernel-notes.md`` holds the measurements behind those choice
 - ``_softmax``: the forward's online-softmax loops on score tiles of any size (its
   general path: float64, tiles other than 32 tokens);
 - ``_backward``: the backward, recomputed from the saved log-sum-exp
-  (``_kblock32``: one key block; ``_backward``: the heads in parallel);
+  (``_kblock32``: one key block; ``_backward_head``: one head; ``_backward``: the heads
+  in parallel);
   ``_backward_blas``: its general path (BLAS per chunk: float64, other tiles);
 - ``_bf16``: when bf16 inputs run on bf16 products (:func:`amx_applies`,
   :func:`bf16_applies`);
@@ -46,12 +48,6 @@ numba invalidates a cached function only when its own file changes: after editin
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from typing import Any
-
-from ...util.threads import jit_disabled, refuse_uncompiled
-from ..backend import Backend
 from ._backward import backward, backward_bf16
 from ._bf16 import (
     BF16_MODES,
@@ -67,89 +63,8 @@ from ._peak import fma_peak
 from ._pool import _buffer as pooled_array
 from ._pool import release_workspace
 
-__all__ = ["BACKEND", "forward", "forward_bf16", "amx_applies", "amx_products_here", "bf16_applies",
+__all__ = ["forward", "forward_bf16", "amx_applies", "amx_products_here", "bf16_applies",
            "bf16_products_here",
            "BF16_MODES", "backward", "backward_bf16",
            "release_workspace", "single_threaded_blas", "fma_peak", "HALF_KINDS", "narrow", "widen",
            "pooled_array"]
-
-
-_LOCK = threading.Lock()
-
-
-def _one_at_a_time() -> Any:
-    """The module lock where numba's threading layer is ``workqueue``, else a no-op context:
-    that layer is not thread-safe (parallel kernels entered from two Python threads at once
-    abort the process). Before any parallel kernel has run the configured layer decides, and
-    ``default`` (workqueue where TBB and OpenMP do not load) takes the lock too."""
-    import numba  # noqa: PLC0415
-
-    try:
-        layer = numba.threading_layer()
-    except ValueError:  # no parallel kernel has run yet
-        layer = str(numba.config.THREADING_LAYER)
-        layer = "workqueue" if layer == "default" else layer
-    return _LOCK if layer == "workqueue" else contextlib.nullcontext()
-
-
-class _Numba(Backend):
-    """``impl="numba"``: the fused CPU kernels on NumPy arrays or CPU torch tensors."""
-
-    name = "numba"
-    description = "fused numba/LLVM kernels on the CPU (float32 sums; bf16 products where fast)"
-    devices = ("cpu",)
-    kinds = ("numpy", "torch")
-    blocks = {"cpu": 32}
-
-    def more_reasons(self, inputs: Any, plan: Any, pattern: Any) -> list[str]:
-        value = jit_disabled()
-        return [] if value is None else [f"NUMBA_DISABLE_JIT={value}: impl='numba' needs numba's "
-                                         "JIT (unset NUMBA_DISABLE_JIT)"]
-
-    def forward(self, q: Any, k: Any, v: Any, plan: Any, *, pattern: Any = None,
-                scale: float | None = None, return_lse: bool = False) -> Any:
-        refuse_uncompiled("impl='numba'")
-        with _one_at_a_time():
-            return self._forward(q, k, v, plan, scale=scale, return_lse=return_lse)
-
-    def _forward(self, q: Any, k: Any, v: Any, plan: Any, *, scale: float | None,
-                 return_lse: bool) -> Any:
-        from ..inputs import HostArrays, check_scale  # noqa: PLC0415 - it imports this package
-
-        x = HostArrays({"q": q, "k": k, "v": v}, plan.n, widen_half=False)
-        s = check_scale(scale, x.shape[3], x.compute.__name__)
-        d = x.shape[3]
-        if x.dtype_name == "bfloat16" and (amx_applies(plan, d) or bf16_applies(plan, d)):
-            w = x.words  # the output comes back as bf16 words, rounded as blocks finish
-            o, lse = forward_bf16(w["q"], w["k"], w["v"], plan, scale=s, words=True)
-            return (x.out_words(o), x.out(lse, lse=True)) if return_lse else x.out_words(o)
-        a = x.widen()
-        o, lse = forward(a["q"], a["k"], a["v"], plan, scale=s)
-        return (x.out(o), x.out(lse, lse=True)) if return_lse else x.out(o)
-
-    def backward(self, q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, plan: Any, *,
-                 pattern: Any = None, scale: float | None = None) -> tuple[Any, Any, Any]:
-        refuse_uncompiled("impl='numba'")
-        with _one_at_a_time():
-            return self._backward(q, k, v, o, lse, do, plan, scale=scale)
-
-    def _backward(self, q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, plan: Any, *,
-                  scale: float | None) -> tuple[Any, Any, Any]:
-        from ..inputs import HostArrays, check_scale  # noqa: PLC0415
-
-        x = HostArrays({"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, plan.n,
-                       widen_half=False)
-        s = check_scale(scale, x.shape[3], x.compute.__name__)
-        d = x.shape[3]
-        if x.dtype_name == "bfloat16" and (amx_applies(plan, d) or bf16_applies(plan, d)):
-            w = x.words  # the gradients come back as bf16 words, narrowed head by head
-            return tuple(x.out_words(g) for g in backward_bf16(
-                w["q"], w["k"], w["v"], w["o"], x.np["lse"], w["do"], plan, scale=s,
-                words=True))
-        a = x.widen()
-        grads = backward(a["q"], a["k"], a["v"], a["o"], a["lse"], a["do"], plan, scale=s)
-        return tuple(x.out(g) for g in grads)
-
-
-#: The CPU backend (:class:`~sparse_patterns.kernels.backend.Backend`).
-BACKEND = _Numba()
