@@ -1,5 +1,6 @@
-"""Shared pytest settings: hypothesis profiles sized for a 2-core CI machine, and tests
-marked ``alone`` run while no other test does under pytest-xdist's workers."""
+"""Shared pytest settings: hypothesis profiles sized for a 2-core CI machine, tests
+marked ``alone`` run while no other test does under pytest-xdist's workers, and the
+workers compile the CPU kernels once between them."""
 
 import fcntl
 import os
@@ -46,3 +47,31 @@ def _alone_or_together(request: pytest.FixtureRequest,
             fcntl.flock(lock, fcntl.LOCK_UN)
             if alone:
                 fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under two or more pytest-xdist workers, with the CPU kernel's tests collected: worker
+    0 compiles its float32 kernels (forward and backward: two pieces per head, a pair, one
+    piece) and worker 1 its float64 ones, before their first test. A kernel is compiled once
+    per dtype, a few minutes of a cold run; without this each worker compiles both dtypes
+    as its tests first reach them, while with it each loads the other's from numba's cache."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) < 2 or worker not in ("gw0", "gw1"):
+        return
+    if not any(item.nodeid.startswith("tests/kernels/cpu/") for item in session.items):
+        return
+    import torch
+
+    import sparse_patterns as sps
+    from sparse_patterns.torch import sparse_attention
+    from sparse_patterns.util.threads import jit_disabled
+
+    if jit_disabled() is not None:
+        return
+    dtype = torch.float32 if worker == "gw0" else torch.float64
+    for name, n, params, mode in (("strided", 1024, {"stride": 32}, "merged"),
+                                  ("fixed", 1500, {"stride": 64, "c": 16}, "merged"),
+                                  ("strided", 1024, {"stride": 32}, "multihead")):
+        q, k, v = (torch.randn(1, 2, n, 32, dtype=dtype, requires_grad=True) for _ in range(3))
+        sparse_attention(q, k, v, sps.make(name, n, **params), mode=mode,
+                         impl="numba").sum().backward()
