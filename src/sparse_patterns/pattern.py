@@ -20,6 +20,7 @@ import scipy.sparse as sp
 
 from . import config
 from ._csr import check_csr, freeze, text_picture, union_rows, upper_entry
+from ._expression import combined
 from .layout import BlockLayout, check_block
 from .rule import (
     CHUNK_ENTRIES,
@@ -618,6 +619,4 @@ class Pattern:
 def _combine(op: str, a: Pattern, b: Any) -> Any:  # a Pattern, or NotImplemented
     if not isinstance(b, Pattern):
         return NotImplemented
-    from .algebra import combine  # noqa: PLC0415 (algebra imports this module)
-
-    return combine(op, a, b)
+    return combined(op, (a, b), Pattern)
