@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["freeze", "check_csr", "upper_entry", "block_counts", "expand_blocks", "union_rows", "text_picture"]
+__all__ = ["freeze", "check_csr", "upper_entry", "block_counts", "expand_blocks", "union_rows", "text_picture",
+           "index_dtype", "csr"]
 
 
 def freeze(a: np.ndarray) -> np.ndarray:
@@ -127,3 +128,19 @@ def text_picture(d: np.ndarray) -> str:
                 row.append("#")
         lines.append("".join(row))
     return "\n".join(lines)
+
+
+def index_dtype(n: int, nnz: int) -> type:
+    """int32 where ``n`` and ``nnz`` fit it, else int64: a CSR's index dtype."""
+    return np.int32 if max(n, nnz) < 2**31 - 1 else np.int64
+
+
+def csr(n: int, indptr: np.ndarray, indices: np.ndarray) -> sp.csr_matrix:
+    """Wrap canonical CSR arrays (sorted unique columns per row) as a bool ``(rows, n)`` matrix."""
+    dt = index_dtype(n, int(indptr[-1]))
+    m = sp.csr_matrix(
+        (np.ones(indices.size, dtype=bool), indices.astype(dt, copy=False), indptr.astype(dt)),
+        shape=(indptr.size - 1, n),
+    )
+    m.has_canonical_format = True  # the builders emit sorted unique columns
+    return m

@@ -208,8 +208,9 @@ def combined(op: str, patterns: Sequence[Any], kind: type[Pattern]) -> Pattern:
 
     rule = ExpressionRule(p, build, blocks=blocks, rows=rows, counts=counts, take=take, op=op,
                           operands=ops, depth=depth, nodes=nodes)
-    return kind.from_rule(
+    out = kind.from_rule(
         rule, n, name=f" {op} ".join(labels),
         params={"op": op, "args": tuple(_node(x) for x in ops)}, causal=causal,
         head_names=_head_names(op, ops),
     )
+    return out.made_by(combined, op, ops, kind)

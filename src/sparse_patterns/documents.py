@@ -2,7 +2,7 @@
 
 Training runs pack documents into one sequence and mask attention at their
 boundaries (FlashAttention's ``cu_seqlens``, FlexAttention's document mask).
-:func:`packed` applies a registered family inside each document, positions
+:func:`pack` applies a registered family inside each document, positions
 counted from the document's start (fixed's blocks and summaries, strided's
 window and stride restart at every document), with no entry across documents;
 ``make(name, n, documents=...)`` and every generator's ``documents=`` call it.
@@ -17,17 +17,18 @@ so plans, exports and row-range reads stream as for any generated pattern.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
+from ._csr import csr
 from .pattern import Pattern
 from .rule import PatternRule
 from .util.checks import check_int, repr_text
 
-__all__ = ["document_offsets", "packed", "within"]
+__all__ = ["document_offsets", "pack", "within"]
 
 
 def document_offsets(documents: Any, n: int) -> np.ndarray:
@@ -107,17 +108,11 @@ def document_offsets(documents: Any, n: int) -> np.ndarray:
     return out
 
 
-def _csr(n: int, indptr: np.ndarray, indices: np.ndarray) -> sp.csr_matrix:
-    from .patterns import csr  # noqa: PLC0415 (documents sits beside the families)
-
-    return csr(n, indptr, indices)
-
-
 def _shifted(m: sp.csr_matrix, shift: np.ndarray, n: int) -> sp.csr_matrix:
     """Rows of ``m`` with row ``r``'s columns moved right by ``shift[r]``, as ``(rows, n)``."""
     indptr = m.indptr.astype(np.int64)
     cols = m.indices.astype(np.int64) + np.repeat(shift, np.diff(indptr))
-    return _csr(n, indptr, cols)
+    return csr(n, indptr, cols)
 
 
 class _Documents:
@@ -142,26 +137,29 @@ class _Documents:
         return out
 
 
-def packed(name: str, n: int, documents: Any, **params: Any) -> Pattern:
-    """The registered family ``name`` applied inside each packed document.
+def pack(spec: Any, n: int, documents: Any, resolved: Mapping[str, Any]) -> Pattern:
+    """A family applied inside each packed document: what
+    :func:`~sparse_patterns.patterns.registry.make` (and a family's generator) gives for
+    ``documents=``, which is how to call it.
 
     Parameters
     ----------
-    name : str
-        A registered family (``patterns list``).
+    spec : sparse_patterns.patterns.registry.PatternSpec
+        The family (its ``name``, generator ``func`` and ``params``).
     n : int
         Sequence length: the documents' lengths sum to n.
     documents : sequence of int
         Document lengths, or ``cu_seqlens`` offsets (see :func:`document_offsets`).
-    **params
-        The family's parameters, resolved once at ``n`` (``stride="sqrt"`` is
-        ``ceil(sqrt(n))`` in every document); a parameter left to its default
-        of None (axial2d's height) takes each document's own default.
+    resolved : mapping
+        The family's parameters resolved once at ``n``
+        (:func:`~sparse_patterns.patterns.registry.resolve`: ``stride="sqrt"`` is
+        ``ceil(sqrt(n))`` in every document); a parameter left to its default of None
+        (axial2d's height) takes each document's own default.
 
     Returns
     -------
     Pattern
-        Named ``name``, with ``params["documents"]`` the lengths; document d's
+        Named ``spec.name``, with ``params["documents"]`` the lengths; document d's
         rows and columns are those of ``make(name, length_d, **params)``
         shifted by the document's start.
 
@@ -173,19 +171,17 @@ def packed(name: str, n: int, documents: Any, **params: Any) -> Pattern:
 
     Examples
     --------
-    >>> pat = packed("strided", 8, [3, 5], stride=2)
+    >>> from sparse_patterns import make
+    >>> pat = make("strided", 8, stride=2, documents=[3, 5])
     >>> a1, a2 = pat.rows_of([2, 7])  # token 2 of document 0; token 7 is 4 of document 1 (starts at 3)
     >>> a1.indices.tolist(), a2.indices.tolist()  # window {i-2..i}, stride 2 from the document's start
     ([0, 1, 2, 5, 6, 7], [0, 2, 3, 5, 7])
     >>> pat.params["documents"]
     (3, 5)
     """
-    from .patterns import registry  # noqa: PLC0415
-
-    spec = registry.get(name)
+    name = spec.name
     n = check_int("n", n, 1)
     where = _Documents(document_offsets(documents, n))
-    resolved = registry.resolve(name, n, params)
     cache: dict[int, Pattern] = {}
 
     def part(length: int) -> Pattern:
@@ -243,7 +239,7 @@ def within(pattern: Pattern, documents: Any) -> Pattern:
 
     Works for any pattern, user layouts included. It cannot re-anchor a rule it
     does not know: the family's positions keep counting from the start of the
-    whole sequence (use :func:`packed`, or a generator's ``documents=``, to
+    whole sequence (use :func:`pack`, or a generator's ``documents=``, to
     restart a family at each document).
 
     Parameters
@@ -282,7 +278,7 @@ def within(pattern: Pattern, documents: Any) -> Pattern:
             keep = (cols >= start[row]) & (cols < start[row] + length[row])
             indptr = np.zeros(tokens.size + 1, dtype=np.int64)
             np.cumsum(np.bincount(row[keep], minlength=tokens.size), out=indptr[1:])
-            out.append(_csr(n, indptr, cols[keep]))
+            out.append(csr(n, indptr, cols[keep]))
         return out
 
     rule = PatternRule(pattern.num_heads, lambda: take(np.arange(n)),

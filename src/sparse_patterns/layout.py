@@ -8,12 +8,11 @@ in it is set, *partial* otherwise. Re-exported by :mod:`sparse_patterns.pattern`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._csr import block_counts, expand_blocks, freeze
+from ._csr import block_counts, freeze
 
 if TYPE_CHECKING:
     from .pattern import Pattern
@@ -49,7 +48,7 @@ class BlockLayout:
 
     Notes
     -----
-    Decoding to token level by hand (what :meth:`to_pattern` does)::
+    Decoding to token level by hand (what :meth:`Pattern.from_blocks` does)::
 
         for h, I, J in zip(*np.nonzero(bl.layout)):
             for i in range(I * bl.block, min((I + 1) * bl.block, bl.n)):
@@ -60,7 +59,8 @@ class BlockLayout:
     --------
     >>> import numpy as np
     >>> bl = BlockLayout(np.tril(np.ones((1, 2, 2), dtype=bool)), block=2, n=3)
-    >>> bl.to_pattern(causal=True).to_string()
+    >>> from sparse_patterns import Pattern
+    >>> Pattern.from_blocks(bl, causal=True).to_string()
     '#..\\n##.\\n###'
     """
 
@@ -181,22 +181,3 @@ class BlockLayout:
                 lay[h, b0:b1] = counts > 0
                 full[h, b0:b1] = counts == area[b0:b1]
         return cls(lay, block=block, n=n, full=full)
-
-    def to_pattern(
-        self, *, causal: bool = False, name: str = "blocks", params: Mapping[str, Any] | None = None
-    ) -> Pattern:
-        """Token-level pattern: Kronecker expansion cropped to ``n``.
-
-        With ``causal=True`` the causal token mask ``j <= i`` is applied after
-        the expansion (the way block-sparse libraries use a unidirectional
-        layout).
-        """
-        from .pattern import Pattern  # noqa: PLC0415  (pattern imports this module)
-
-        heads = [
-            expand_blocks(self._layout[h], self._block, self._n, causal)
-            for h in range(self.num_heads)
-        ]
-        p = {"block": self._block}
-        p.update(params or {})
-        return Pattern(heads, name=name, params=p, causal=causal)

@@ -11,7 +11,7 @@ Both types are immutable and validate in their constructors (``ValueError``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -19,7 +19,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import config
-from ._csr import check_csr, freeze, text_picture, union_rows, upper_entry
+from ._csr import check_csr, expand_blocks, freeze, text_picture, union_rows, upper_entry
 from ._expression import combined
 from .layout import BlockLayout, check_block
 from .rule import (
@@ -86,7 +86,8 @@ class Pattern:
     ####
     """
 
-    __slots__ = ("_heads", "_n", "_name", "_params", "_causal", "_head_names", "_union", "_rule", "_counts")
+    __slots__ = ("_heads", "_n", "_name", "_params", "_causal", "_head_names", "_union", "_rule", "_counts",
+                 "_remake")
 
     def __init__(
         self,
@@ -134,6 +135,7 @@ class Pattern:
         self._union = None
         self._rule = rule
         self._counts = None
+        self._remake: tuple[Callable[..., Pattern], tuple[Any, ...]] | None = None
 
     @classmethod
     def from_rule(
@@ -174,6 +176,28 @@ class Pattern:
         self = cls.__new__(cls)
         self._init(n, None, name, params, causal, head_names, rule)
         return self
+
+    @classmethod
+    def from_blocks(
+        cls, layout: BlockLayout, *, causal: bool = False, name: str = "blocks",
+        params: Mapping[str, Any] | None = None,
+    ) -> Pattern:
+        """The token-level pattern of a block layout: its Kronecker expansion cropped to
+        ``n``; with ``causal=True`` the causal token mask ``j <= i`` applied after the
+        expansion (the way block-sparse libraries use a unidirectional layout). Its
+        params are ``block`` and ``params``.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> bl = BlockLayout(np.array([[[1, 0], [1, 1]]]), block=2, n=3)
+        >>> Pattern.from_blocks(bl, causal=True).rows(0, 3).toarray().astype(int).tolist()
+        [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+        """
+        heads = [expand_blocks(layout.layout[h], layout.block, layout.n, causal)
+                 for h in range(layout.num_heads)]
+        return cls(heads, name=name, params={"block": layout.block, **(params or {})},
+                   causal=causal)
 
     # ------------------------------------------------------------------ basic
     @property
@@ -581,10 +605,35 @@ class Pattern:
 
     __hash__ = None  # type: ignore[assignment]
 
+    def made_by(self, func: Callable[..., Pattern], *args: Any) -> Pattern:
+        """Record that ``func(*args)`` makes this pattern again (its heads; the head names
+        are kept apart): pickling then stores ``func`` (by reference) and ``args``, not the
+        heads. :func:`~sparse_patterns.patterns.registry.make` records
+        :func:`~sparse_patterns.patterns.registry.make_again` with the family's name, ``n``
+        and params, the operators their operator and operands. Returns ``self``.
+
+        Examples
+        --------
+        >>> import pickle, sparse_patterns as sps
+        >>> pat = sps.make("local", 1 << 20, window=64)
+        >>> pat.remake[1]
+        ('local', 1048576, {'window': 64, 'causal': True})
+        >>> len(pickle.dumps(pat)) < 1000  # the recipe, not 67 million entries
+        True
+        """
+        self._remake = (func, tuple(args))
+        return self
+
+    @property
+    def remake(self) -> tuple[Callable[..., Pattern], tuple[Any, ...]] | None:
+        """``(func, args)`` from :meth:`made_by`, or None: pickled by its heads."""
+        return self._remake
+
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickle (``copy.deepcopy``, ``torch.save`` of a model holding one) by what makes
-        the pattern again: a registered family's name and parameters (packed documents
-        included), an algebra expression's recipe, else the heads themselves.
+        the pattern again (:meth:`made_by`: a registered family's name and parameters,
+        packed documents included; an expression's operator and operands), else by the
+        heads themselves.
 
         Examples
         --------
@@ -594,9 +643,10 @@ class Pattern:
         >>> again == pat and again.params == pat.params
         True
         """
-        from ._rebuild import recipe_of  # noqa: PLC0415 - reaches algebra and the registry
-
-        return recipe_of(self)
+        if self._remake is not None:
+            return _remade, (*self._remake, self._head_names)
+        return _from_heads, (self.heads, self._name, dict(self._params), self._causal,
+                             self._head_names)
 
     # --------------------------------------------------- algebra (sparse_patterns.algebra)
     def __or__(self, other: Any) -> Pattern:
@@ -614,6 +664,21 @@ class Pattern:
     def __add__(self, other: Any) -> Pattern:
         """The heads of both, ``self``'s first: ``algebra.combine("+", self, other)``."""
         return _combine("+", self, other)
+
+
+def _remade(func: Callable[..., Pattern], args: tuple[Any, ...],
+            head_names: tuple[str, ...]) -> Pattern:
+    """The pattern :meth:`Pattern.__reduce__` described by what makes it."""
+    pat = func(*args)
+    if pat._head_names != tuple(head_names):
+        pat._head_names = tuple(head_names)
+    return pat
+
+
+def _from_heads(heads: tuple[sp.csr_matrix, ...], name: str, params: dict[str, Any],
+                causal: bool, head_names: tuple[str, ...]) -> Pattern:
+    """The pattern :meth:`Pattern.__reduce__` described by its heads."""
+    return Pattern(heads, name=name, params=params, causal=causal, head_names=head_names)
 
 
 def _combine(op: str, a: Pattern, b: Any) -> Any:  # a Pattern, or NotImplemented

@@ -264,7 +264,7 @@ def test_block_level_matches_token_level_of_dense_blocks(nb, block, heads_n, see
     p = int(rng.integers(1, heads_n + 1)) if mode == "interleaved" else int(rng.integers(1, 4))
     r = verify(bl, p=p, mode=mode, residual=residual)
     assert r.level == "block" and r.certified == r.ok and r.partial_pairs == 0
-    tok = bl.to_pattern(causal=False)
+    tok = Pattern.from_blocks(bl, causal=False)
     tlay = lay.any(axis=0)
     tcausal = not np.triu(tlay, 1).any()
     hm = bfs_verify(tok.to_dense(), p, mode, residual, False)["hop_matrix"]

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sparse_patterns as sps
-from sparse_patterns.documents import document_offsets, packed, within
+from sparse_patterns.documents import document_offsets, within
 from sparse_patterns.kernels import attention
 from sparse_patterns.testing import attention_masks, attention_oracle, dense_oracle, document_oracle
 
@@ -66,7 +66,7 @@ def test_offsets_and_lengths_agree_and_the_stride_restarts():
     # token 11 is position 6 of the document starting at 5: stride head {6 - 4, 6} -> {7, 11}
     assert by_len.rows_of([11])[1].indices.tolist() == [7, 11]
     assert sps.strided(12, 4, documents=[5, 7]) == by_len  # the generator's own keyword
-    assert packed("strided", 12, [5, 7], stride=4) == by_len
+    assert sps.make("strided", 12, stride=4, documents=[5, 7]) == by_len
 
 
 def test_sqrt_follows_n_and_unset_defaults_follow_each_document():

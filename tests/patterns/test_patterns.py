@@ -205,7 +205,7 @@ def test_block_expansion_covers_pattern(case, block):
     name, n, params = case
     pat = make(name, n, **params)
     bl = pat.to_blocks(block)
-    back = bl.to_pattern(causal=pat.causal).to_dense()
+    back = Pattern.from_blocks(bl, causal=pat.causal).to_dense()
     d = pat.to_dense()
     assert not (d & ~back).any(), "Kronecker expansion of the max-pooled layout covers the pattern"
     # full blocks are exactly the tiles where the pattern is complete
@@ -220,7 +220,7 @@ def test_block_expansion_covers_pattern(case, block):
 
 def test_block_aligned_round_trip_is_exact():
     pat = make("fixed", 64, stride=8, c=8)  # every tile of 8 is all-or-nothing up to the causal mask
-    back = pat.to_blocks(8).to_pattern(causal=True)
+    back = Pattern.from_blocks(pat.to_blocks(8), causal=True)
     np.testing.assert_array_equal(back.to_dense(), pat.to_dense())
 
 

@@ -341,8 +341,12 @@ def regenerated(heads: list[sp.csr_matrix], meta: dict[str, Any]) -> Pattern | N
             names = meta.get("head_names")
             if names is None or tuple(names) == gen.head_names:
                 return gen
-            return Pattern.from_rule(gen.rule, gen.n, name=gen.name, params=gen.params,
-                                     causal=gen.causal, head_names=names)
+            named = Pattern.from_rule(gen.rule, gen.n, name=gen.name, params=gen.params,
+                                      causal=gen.causal, head_names=names)
+            if gen.remake is not None:  # pickled as the generator's, these head names kept
+                func, args = gen.remake
+                named.made_by(func, *args)
+            return named
     except (ValueError, TypeError, OverflowError, MemoryError, RecursionError, KeyError):
         return None  # params the generator refuses, or a size it cannot afford: unverified
 

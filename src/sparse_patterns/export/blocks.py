@@ -263,7 +263,7 @@ def from_block_layout(
             f"layout: has nb={lay.shape[1]} blocks per side but ceil(n / block) = "
             f"ceil({n} / {block}) = {nb}"
         )
-    return BlockLayout(lay, block=block, n=n).to_pattern(causal=causal, name=name)
+    return Pattern.from_blocks(BlockLayout(lay, block=block, n=n), causal=causal, name=name)
 
 
 def to_bsa_mask(

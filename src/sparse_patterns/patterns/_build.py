@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from .._csr import csr, index_dtype
 from ..pattern import BlockLayout, PatternRule
 from ..rule import residue_order
 
@@ -30,21 +31,6 @@ __all__ = [
 
 #: One head's rows as progressions: ``(first column, count, step)`` per row (step may be an int).
 Progression = tuple[np.ndarray, np.ndarray, "int | np.ndarray"]
-
-
-def _index_dtype(n: int, nnz: int) -> type:
-    return np.int32 if max(n, nnz) < 2**31 - 1 else np.int64
-
-
-def csr(n: int, indptr: np.ndarray, indices: np.ndarray) -> sp.csr_matrix:
-    """Wrap canonical CSR arrays (sorted unique columns per row) as a bool ``(rows, n)`` matrix."""
-    dt = _index_dtype(n, int(indptr[-1]))
-    m = sp.csr_matrix(
-        (np.ones(indices.size, dtype=bool), indices.astype(dt, copy=False), indptr.astype(dt)),
-        shape=(indptr.size - 1, n),
-    )
-    m.has_canonical_format = True  # the builders emit sorted unique columns
-    return m
 
 
 def _offsets(counts: np.ndarray) -> np.ndarray:
@@ -129,7 +115,7 @@ def progression_csr(
     count = np.maximum(np.broadcast_to(np.asarray(count, dtype=np.int64), start.shape), 0)
     indptr = _offsets(count)
     step_arr = np.atleast_1d(np.asarray(step, dtype=np.int64))
-    out = np.empty(int(indptr[-1]), dtype=_index_dtype(n, int(indptr[-1])))
+    out = np.empty(int(indptr[-1]), dtype=index_dtype(n, int(indptr[-1])))
     _kernels()["progression"](start, np.ascontiguousarray(count), step_arr, indptr, out)
     return csr(n, indptr, out)
 
@@ -139,7 +125,7 @@ def prefix_csr(n: int, cols: np.ndarray, count: np.ndarray) -> sp.csr_matrix:
     cols = np.ascontiguousarray(cols, dtype=np.int64)
     count = np.ascontiguousarray(count, dtype=np.int64)
     indptr = _offsets(count)
-    out = np.empty(int(indptr[-1]), dtype=_index_dtype(n, int(indptr[-1])))
+    out = np.empty(int(indptr[-1]), dtype=index_dtype(n, int(indptr[-1])))
     _kernels()["prefix"](cols, count, indptr, out)
     return csr(n, indptr, out)
 
@@ -180,7 +166,7 @@ def blocks_csr(
     bidx = np.ascontiguousarray(bidx, dtype=np.int64)
     i = np.ascontiguousarray(i, dtype=np.int64)
     indptr = _offsets(block_row_counts(n, block, bptr, bidx, i, causal))
-    out = np.empty(int(indptr[-1]), dtype=_index_dtype(n, int(indptr[-1])))
+    out = np.empty(int(indptr[-1]), dtype=index_dtype(n, int(indptr[-1])))
     _kernels()["blocks"](n, block, bptr, bidx, i, causal, indptr, out)
     return csr(n, indptr, out)
 
@@ -201,7 +187,7 @@ def local2d_csr(h: int, w: int, q: int, m: int, causal: bool, i: np.ndarray) -> 
     n = h * w
     i = np.ascontiguousarray(i, dtype=np.int64)
     indptr = _offsets(local2d_counts(h, w, q, m, causal, i))
-    out = np.empty(int(indptr[-1]), dtype=_index_dtype(n, int(indptr[-1])))
+    out = np.empty(int(indptr[-1]), dtype=index_dtype(n, int(indptr[-1])))
     _kernels()["local2d"](h, w, q, m, causal, i, indptr, out)
     return csr(n, indptr, out)
 

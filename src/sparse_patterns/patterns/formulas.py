@@ -59,7 +59,7 @@ def _same(a: Any, b: Any, depth: int = 0) -> bool:
 
 
 def _document_formula(spec: Any, pattern: Pattern) -> list[Rule] | None:
-    """Rules of a family packed in documents (``documents.packed``):
+    """Rules of a family packed in documents (``documents.pack``):
     ``doc[q] == doc[kv] & rule(q - start[doc[q]], kv - start[doc[kv]])``.
 
     ``rule`` is the family's formula for the generated pattern of the document's

@@ -19,11 +19,12 @@ from typing import Any
 
 from ..catalog import CATALOG, Param, root_of
 from ..catalog import describe as catalog_rows
+from ..documents import pack
 from ..pattern import Pattern
 from ..util.checks import MAX_N, check_int
 
 __all__ = [
-    "Param", "PatternSpec", "REGISTRY", "register", "get", "make", "resolve", "root_of", "describe",
+    "Param", "PatternSpec", "REGISTRY", "register", "get", "make", "make_again", "resolve", "root_of", "describe",
 ]
 
 
@@ -73,7 +74,7 @@ def register(
 
     The generator returned takes one more keyword, ``documents`` (lengths or
     ``cu_seqlens`` offsets): the family applied inside each packed document
-    (:func:`sparse_patterns.documents.packed`).
+    (:func:`sparse_patterns.documents.pack`).
 
     ``flex``, when given, is the family's FlexAttention formula:
     ``flex(pattern)`` returns one ``rule(q_idx, kv_idx) -> bool tensor`` per
@@ -101,11 +102,10 @@ def register(
         @functools.wraps(func)
         def generator(n: int, *args: Any, documents: Any = None, **kwargs: Any) -> Pattern:
             if documents is None:
-                return func(n, *args, **kwargs)
-            from ..documents import packed  # noqa: PLC0415
-
+                return _made(name, func(n, *args, **kwargs))
             bound = sig.bind(n, *args, **kwargs).arguments
-            return packed(name, n, documents, **{k: v for k, v in bound.items() if k != "n"})
+            given = {k: v for k, v in bound.items() if k != "n"}
+            return _made(name, pack(get(name), n, documents, resolve(name, n, given)))
 
         kw = inspect.Parameter("documents", inspect.Parameter.KEYWORD_ONLY, default=None)
         generator.__signature__ = sig.replace(parameters=[*sig.parameters.values(), kw])  # type: ignore[attr-defined]
@@ -150,7 +150,7 @@ def make(name: str, n: int, **params: Any) -> Pattern:
     **params
         The family's parameters; integers that follow ``n`` accept ``"sqrt"``.
         ``documents`` (lengths or ``cu_seqlens`` offsets) applies the family
-        inside each packed document (:func:`sparse_patterns.documents.packed`).
+        inside each packed document (:func:`sparse_patterns.documents.pack`).
 
     Returns
     -------
@@ -173,11 +173,31 @@ def make(name: str, n: int, **params: Any) -> Pattern:
     [4]
     """
     if params.get("documents") is not None:
-        from ..documents import packed  # noqa: PLC0415
-
-        return packed(name, n, **params)
+        documents = params.pop("documents")
+        return _made(name, pack(get(name), n, documents, resolve(name, n, params)))
     params.pop("documents", None)
-    return get(name).func(n, **resolve(name, n, params))
+    return _made(name, get(name).func(n, **resolve(name, n, params)))
+
+
+def _made(name: str, pattern: Pattern) -> Pattern:
+    """``pattern``, as family ``name``'s generator made it; where its params are the
+    family's (packed ``documents`` aside), it records that :func:`make` makes it again from
+    them (:func:`make_again`, :meth:`Pattern.made_by`: how it pickles)."""
+    params = dict(pattern.params)
+    if set(params) - {"documents"} == {q.name for q in get(name).params}:
+        pattern.made_by(make_again, name, pattern.n, params)
+    return pattern
+
+
+def make_again(name: str, n: int, params: Mapping[str, Any]) -> Pattern:
+    """:func:`make` with the params as one mapping (what a pickled family pattern holds).
+
+    Examples
+    --------
+    >>> make_again("local", 8, {"window": 2}) == make("local", 8, window=2)
+    True
+    """
+    return make(name, n, **params)
 
 
 def describe() -> list[dict[str, Any]]:

@@ -231,7 +231,7 @@ def test_rule_rows_and_counts_on_edge_cases(name, n, params, causal):
 def test_bigbird_rows_equal_the_expansion_of_its_block_layout(block, causal):
     pat = make("bigbird", 47, block=block, window_blocks=1, global_blocks=2, random_blocks=2,
                seed=3, causal=causal)
-    expanded = pat.to_blocks(block).to_pattern(causal=causal)
+    expanded = Pattern.from_blocks(pat.to_blocks(block), causal=causal)
     for m, h in zip(pat.rule.rows(0, 47), expanded.heads, strict=True):
         _same(m, h)
 
