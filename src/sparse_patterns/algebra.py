@@ -47,6 +47,7 @@ from ._expression import (
     combined,
 )
 from .pattern import Pattern
+from .patterns import registry
 from .util.checks import MAX_N, repr_text
 
 if TYPE_CHECKING:
@@ -125,8 +126,6 @@ def _json(v: Any) -> Any:
 
 def _family(p: Pattern) -> Any:
     """The registry's spec when ``p`` is exactly what its generator (or ``documents=``) made."""
-    from .patterns import registry  # noqa: PLC0415
-
     spec = registry.REGISTRY.get(p.name)
     if spec is None or p.rule is None or _expr(p) is not None:
         return None
@@ -238,8 +237,6 @@ class _Reader:
             raise self.fail(path, str(exc).splitlines()[0]) from None
 
     def _leaf(self, node: Mapping, path: str, extra: frozenset) -> Pattern:
-        from .patterns import registry  # noqa: PLC0415
-
         self._keys(node, path, {"pattern", "params", "n", *extra})
         name, params = node["pattern"], node.get("params", {})
         if not isinstance(name, str):

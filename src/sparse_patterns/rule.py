@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import scipy.sparse as sp
 
+from . import config
+
 if TYPE_CHECKING:
     from .layout import BlockLayout
 
@@ -99,8 +101,6 @@ def csr_bytes(n_rows: int, nnz: int) -> int:
 
 def check_csr_fits(name: str, n: int, what: str, need: int) -> None:
     """Refuse (``MemoryLimitError``) a whole token-level CSR of ``need`` bytes above the limit."""
-    from . import config  # noqa: PLC0415
-
     limit = config.get_memory_limit()
     if need > limit:
         raise config.MemoryLimitError(
@@ -118,8 +118,6 @@ def check_counts_fit(name: str, n: int, rows: int) -> None:
     Per-token bookkeeping under 256 MiB (n up to millions) is always allowed:
     the memory limit guards what grows faster than n.
     """
-    from . import config  # noqa: PLC0415
-
     need = 3 * 8 * rows * n  # measured: local at 2^27 peaks at 5.2 GB for 4.3 GB of counts
     limit = max(config.get_memory_limit(), 256 << 20)
     if need > limit:

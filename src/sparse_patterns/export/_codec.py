@@ -24,6 +24,7 @@ import scipy.sparse as sp
 
 from .. import config
 from ..pattern import CHUNK_ENTRIES, Pattern
+from ..patterns import registry
 from ..util.checks import MAX_N
 from ..util.stream import check_load
 
@@ -293,8 +294,6 @@ def check_csr(where: str, k: int, n: int, indptr: np.ndarray, indices: np.ndarra
 
 
 def _registered(name: str) -> bool:
-    from ..patterns import registry  # noqa: PLC0415
-
     return name in registry.REGISTRY
 
 
@@ -321,8 +320,6 @@ def regenerated(heads: list[sp.csr_matrix], meta: dict[str, Any]) -> Pattern | N
     >>> regenerated(list(make("full", 16).heads) * 2, meta) is None
     True
     """
-    from ..patterns import registry  # noqa: PLC0415
-
     limit = min(config.get_memory_limit(), config.get_load_limit())
     try:
         with config.memory_limit(limit):

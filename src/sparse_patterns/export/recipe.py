@@ -15,8 +15,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .. import config
+from .. import __version__, config
+from ..algebra import expression_recipe, from_expression
 from ..pattern import Pattern
+from ..patterns import registry
 from ..util.checks import MAX_N
 from ..util.files import atomic_write
 from ._codec import (
@@ -50,8 +52,6 @@ def to_recipe(pattern: Pattern) -> dict[str, Any]:
     >>> to_recipe(make("strided", 16, stride=4))
     {'pattern': 'strided', 'params': {'stride': 4, 'window': 'paper', 'causal': True}, 'n': 16, 'version': 1}
     """
-    from ..algebra import expression_recipe  # noqa: PLC0415
-
     expr = expression_recipe(pattern)
     if expr is None:
         raise ValueError(
@@ -97,8 +97,6 @@ def from_recipe(recipe: Any, *, where: str = "recipe") -> Pattern:
     >>> from_recipe(to_recipe(both)) == both
     True
     """
-    from ..patterns import registry  # noqa: PLC0415
-
     if not isinstance(recipe, dict):
         raise ValueError(f"{where}: a recipe must be a JSON object")
     unknown = set(recipe) - {"pattern", "params", "n", "version", "generator", "op", "args"}
@@ -111,8 +109,6 @@ def from_recipe(recipe: Any, *, where: str = "recipe") -> Pattern:
         )
     params = recipe.get("params")
     if "op" in recipe or (isinstance(params, dict) and "documents" in params):
-        from ..algebra import from_expression  # noqa: PLC0415
-
         return from_expression(recipe, where=where)
     name = recipe.get("pattern")
     if not isinstance(name, str):
@@ -142,8 +138,6 @@ def write(pattern: Pattern, path: str | os.PathLike) -> Path:
     >>> json.loads(f.read_text())["params"]["stride"]
     4
     """
-    from .. import __version__  # noqa: PLC0415
-
     recipe = to_recipe(pattern)  # fail before creating anything
     recipe["generator"] = f"sparse-patterns {__version__}"
     data = (json.dumps(recipe, indent=2) + "\n").encode()

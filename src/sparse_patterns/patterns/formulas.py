@@ -16,8 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from ..algebra import ExpressionRule, expression_flex
+from ..documents import document_offsets
 from ..pattern import Pattern
 from ..util.stream import check_fits
+from . import registry
 from ._flex import Rule
 
 __all__ = ["DOCUMENT_FORMULAS_LIMIT", "Rule", "formula_of"]
@@ -71,8 +74,6 @@ def _document_formula(spec: Any, pattern: Pattern) -> list[Rule] | None:
     """
     import torch  # noqa: PLC0415
 
-    from ..documents import document_offsets  # noqa: PLC0415
-
     n = pattern.n
     params = {k: v for k, v in pattern.params.items() if k != "documents"}
     offsets = document_offsets(pattern.params["documents"], n)  # (D + 1,)
@@ -124,8 +125,6 @@ def _family_formula(pattern: Pattern) -> list[Rule] | None:
     """The family's registered formula (``REGISTRY[name].flex``), inside each
     document for a packed pattern, only when the pattern is what its name and
     params generate."""
-    from ..patterns import registry  # noqa: PLC0415
-
     spec = registry.REGISTRY.get(pattern.name)
     if spec is None or spec.flex is None:
         return None
@@ -151,8 +150,6 @@ def _family_formula(pattern: Pattern) -> list[Rule] | None:
 def formula_of(pattern: Pattern) -> list[Rule] | None:
     """Rules of a registered family (packed documents included) or of an
     expression of them (:func:`~sparse_patterns.algebra.expression_flex`)."""
-    from ..algebra import ExpressionRule, expression_flex  # noqa: PLC0415
-
     if isinstance(pattern.rule, ExpressionRule):
         return expression_flex(pattern, leaf=_family_formula)
     return _family_formula(pattern)

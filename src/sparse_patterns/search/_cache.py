@@ -71,6 +71,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from .. import config
 from ..util.files import atomic_write
 from ..util.files import file_kind as _kind
 from ._grid import _shown as shown
@@ -162,15 +163,11 @@ def _open_regular(path: Path) -> BinaryIO:
 
 def _load_limit() -> tuple[int, int]:
     """``(bytes, rows)`` a cache may hold to be read: the load limit, a row at ROW_BYTES."""
-    from .. import config  # noqa: PLC0415
-
     limit = config.get_load_limit()
     return limit, max(1, limit // ROW_BYTES)
 
 
 def _too_big(path: Path, what: str) -> ValueError:
-    from .. import config  # noqa: PLC0415
-
     return ValueError(f"cache: {_shown(path)} {what}, above the load limit of "
                       f"{config.format_bytes(config.get_load_limit())} "
                       f"(rows count {ROW_BYTES:,} bytes each; config.set_load_limit)")

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .. import __version__
+from ..patterns import registry
 from ..util.checks import check_int
 from ._tasks import recipe_key
 
@@ -23,8 +24,6 @@ MAX_CANDIDATES = 100_000
 
 
 def _families(families: Any) -> list[str]:
-    from ..patterns import registry  # noqa: PLC0415
-
     names = [families] if isinstance(families, str) else families
     if not isinstance(names, Iterable):
         raise TypeError(f"families: expected a family name or a sequence of them, got "
@@ -114,8 +113,6 @@ def _grid(families: list[str], grid: Any, ns: list[int]
     parameter's type (``window=4`` goes to ``local``, ``window="reference"`` to
     ``strided``); a value that fits none of them is an error.
     """
-    from ..patterns import registry  # noqa: PLC0415
-
     if grid is None:
         return {}, {f: {} for f in families}
     if not isinstance(grid, Mapping):
@@ -162,8 +159,6 @@ def _ints(name: str, value: Any, lo: int, hi: int) -> list[int]:
 def _recipes(families: list[str], per: dict[str, dict[str, list[Any]]], ns: list[int],
              blocks: list[int], fixed: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Every candidate's recipe in grid order (families, ns, blocks, values), duplicates dropped."""
-    from ..patterns import registry  # noqa: PLC0415
-
     out: dict[str, dict[str, Any]] = {}
     for fam in families:
         axes = per[fam]

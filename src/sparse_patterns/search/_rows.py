@@ -9,6 +9,7 @@ import math
 import re
 from typing import Any
 
+from ..patterns import registry
 from ._tasks import FIELDS, MEASURES, TEXT_LIMIT, clean_text, recipe_key, recipe_of
 
 __all__ = ["KINDS", "BadRow", "check_row"]
@@ -60,8 +61,6 @@ def check_row(row: Any, version: str) -> dict[str, Any]:
 
 def _check_key(row: dict[str, Any], version: str) -> None:
     """The row names the recipe its key hashes, as the family resolves it, at ``version``."""
-    from ..patterns import registry  # noqa: PLC0415
-
     key = row["key"]
     if not isinstance(key, str) or _KEY.fullmatch(key) is None:
         raise BadRow("no key")
