@@ -16,8 +16,8 @@ and why, and ``docs/kernel-notes.md`` holds the measurements behind those choice
 - ``_softmax``: the forward's online-softmax loops on score tiles of any size (its
   general path: float64, tiles other than 32 tokens);
 - ``_backward``: the backward, recomputed from the saved log-sum-exp
-  (``_kblock32``: one key block; ``_backward_head``: one head; ``_backward``: the heads
-  in parallel);
+  (``_backward_head``: one head; ``_backward``: the heads in parallel);
+  ``_backward_block``: one key block of its fused path (``_kblock32``);
   ``_backward_blas``: its general path (BLAS per chunk: float64, other tiles);
 - ``_bf16``: when bf16 inputs run on bf16 products (:func:`amx_applies`,
   :func:`bf16_applies`);

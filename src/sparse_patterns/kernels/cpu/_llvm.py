@@ -49,7 +49,7 @@ __all__ = [
 _LOG2E = 1.4426950408889634
 _FM = {"contract"}  # FMA contraction only: NaN and inf keep their IEEE meaning
 # the options of the functions that the parallel loops call once a block (_forward_block._qblock,
-# _backward._kblock32): no reference counting (numba's ``_nrt=False``: they allocate nothing,
+# _backward_block._kblock32): no reference counting (numba's ``_nrt=False``: they allocate nothing,
 # and the views they take end with the call): with it, each call takes and drops a reference
 # on each of its two dozen arrays, atomic adds on counters that the threads share
 _BLOCK = {"cache": True, "fastmath": _FM, "_nrt": False}
