@@ -2,7 +2,9 @@
 a boolean mask (a reference attention function registered here), in float64: outputs
 within 1e-10 and gradients within 1e-8, for GPT-2 and Llama (grouped-query heads)
 configs at context 256 (no download), one pattern or a per-layer schedule; right
-padding and packed sequences; and the one-line refusals."""
+padding and packed sequences; shorter sequences and ``generate()`` with a KV cache
+against the same reference and against recomputing without a cache; and the one-line
+refusals."""
 
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ def _reference(module, query, key, value, attention_mask, scaling=None, dropout=
     assert mode == "merged"
     rep = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(rep, 1), value.repeat_interleave(rep, 1)
-    mask = torch.from_numpy(pattern.union().toarray())[None, None]
+    L, S = query.shape[2], key.shape[2]  # the queries are the last L of S positions
+    mask = torch.from_numpy(pattern.union().toarray()[S - L : S, :S])[None, None]
     if attention_mask is not None:
         mask = mask & attention_mask
     out = torch.nn.functional.scaled_dot_product_attention(
@@ -105,6 +108,48 @@ def test_right_padding_and_packed_sequences_match_the_masked_reference():
     assert (got - want).abs().max() < 1e-10
 
 
+@pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama-gqa"])
+@pytest.mark.parametrize("schedule", ["local-strided", "fixed"])
+def test_a_shorter_sequence_is_the_full_lengths_prefix(build, schedule):
+    torch.manual_seed(0)
+    model = backend.configure(build().double(), SCHEDULES[schedule])
+    ids = torch.randint(0, 37, (2, N), generator=torch.Generator().manual_seed(4))
+    full = model(input_ids=ids).logits
+    got, gg = _run(model, backend.NAME, ids[:, :100])
+    want, wg = _run(model, REF, ids[:, :100])
+    assert (got - full[:, :100]).abs().max().item() < 1e-10
+    assert (got - want).abs().max().item() < 1e-10
+    for a, b in zip(gg, wg, strict=True):
+        if b is not None:
+            assert (a - b).abs().max().item() < 1e-8
+
+
+@pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama-gqa"])
+@pytest.mark.parametrize("mode", ["merged", "multihead"])
+def test_generate_with_a_kv_cache_decodes_the_patterns_rows(build, mode):
+    """Greedy generation with the cache equals recomputing every prefix without one, and
+    each cached step's logits equal the masked reference's."""
+    torch.manual_seed(0)
+    model = backend.configure(build().double(), SCHEDULES["local-strided"], mode=mode).eval()
+    prompt = torch.randint(1, 37, (2, 60), generator=torch.Generator().manual_seed(5))
+    model.generation_config.eos_token_id = None  # 40 new tokens, whatever they are
+    kw = dict(max_new_tokens=40, do_sample=False, output_logits=True,
+              return_dict_in_generate=True, pad_token_id=0)
+    model.config._attn_implementation = backend.NAME
+    got = model.generate(input_ids=prompt, **kw)
+    again = model.generate(input_ids=prompt, use_cache=False, **kw)
+    assert torch.equal(got.sequences, again.sequences)
+    assert got.sequences.shape == (2, 100)
+    for a, b in zip(got.logits, again.logits, strict=True):
+        assert (a - b).abs().max().item() < 1e-10
+    if mode == "merged":  # the reference applies the union of the heads
+        model.config._attn_implementation = REF
+        want = model.generate(input_ids=prompt, **kw)
+        assert torch.equal(got.sequences, want.sequences)
+        for a, b in zip(got.logits, want.logits, strict=True):
+            assert (a - b).abs().max().item() < 1e-10
+
+
 def test_a_model_trains_with_the_backend():
     torch.manual_seed(0)
     model = backend.configure(_gpt2(), SCHEDULES["local-strided"])
@@ -127,10 +172,21 @@ def test_refusals_are_one_line():
     left[0, :10] = 0
     with pytest.raises(ValueError, match=r"^attention_mask: only causal masks"):
         model(input_ids=ids, attention_mask=left)
-    with pytest.raises(ValueError, match=r"^pattern: n=256 is not the sequence length 100"):
-        model(input_ids=ids[:, :100])
-    with pytest.raises(ValueError, match=r"^generate: "):
+    with pytest.raises(ValueError, match=r"^pattern: n=256 is shorter than the sequence, 257"):
         model.generate(input_ids=ids, max_new_tokens=2, do_sample=False)
+    with pytest.raises(ValueError, match=r"^attention_mask: only causal masks"):
+        model.generate(input_ids=ids[:, :20], attention_mask=left[:, :20], max_new_tokens=2,
+                       do_sample=False)  # left padding: the prompt's mask is refused
+    holes = torch.tensor([True, False, True]).view(1, 1, 1, 3)  # a query that skips a key
+    q, kv = torch.zeros(1, 4, 1, 8), torch.zeros(1, 2, 3, 8)
+    with pytest.raises(ValueError, match=r"^attention_mask: decoding with a KV cache needs"):
+        backend.attention_forward(model.model.layers[0].self_attn, q, kv, kv, holes)
+    with pytest.raises(ValueError, match=r"^patterns: n=128 is not the model's context length "
+                                         r"256 \(config.max_position_embeddings\)"):
+        backend.configure(_llama(), sps.make("strided", 128, stride=16))
+    two_way = sps.make("local", N, window=8, causal=False)
+    with pytest.raises(ValueError, match=r"^pattern: local is not causal, so it runs only"):
+        backend.configure(_llama(), two_way)(input_ids=ids[:, :100])
     gpt = _gpt2()
     gpt.config.attn_pdrop = 0.1
     gpt = transformers.GPT2LMHeadModel._from_config(gpt.config, attn_implementation=backend.NAME)

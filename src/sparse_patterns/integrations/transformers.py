@@ -10,13 +10,22 @@ the PyTorch-kernels path on CUDA) on the model's ``q, k, v`` as they come:
 grouped-query heads are expanded as transformers' ``repeat_kv`` does, the model's
 ``scaling`` is the score scale, and attention dropout must be 0.
 
+Lengths: a pattern's ``n`` is the model's context length (``max_position_embeddings``).
+A sequence of that length runs the pattern; a shorter one, with a causal pattern, its
+first rows (what those positions attend in a full-length sequence, which a causal
+pattern never lets see later tokens).
+
 Masks: a causal mask, with or without right padding, is the pattern itself (a padded
 query row attends what the pattern gives it; no real token attends a pad, which
 comes after it); packed sequences (a block-diagonal causal mask, from
 ``position_ids`` that restart) become the family's packed documents, one call per
 distinct packing. Any other mask (left padding, a custom 4D mask) is refused in
-one line, never ignored. ``generate()`` with a KV cache is refused in one line:
-decode steps would need the pattern's rows of the new positions against the cache.
+one line, never ignored.
+
+``generate()`` with a KV cache: the prompt runs as a shorter sequence; each decode
+step's queries attend the pattern's rows of their positions against the cached keys
+(gathered, :func:`_decoded`). A batch of prompts of different lengths (left padding)
+is refused, as above.
 """
 
 from __future__ import annotations
@@ -87,7 +96,8 @@ def configure(model: Any, patterns: Pattern | Sequence[Pattern], *, mode: str = 
     patterns : Pattern or sequence of Pattern
         One pattern for every layer, or a schedule repeated over the layers (its
         length must divide the number of layers). Each ``n`` is the model's context
-        length: every sequence it runs has that length.
+        length (``config.max_position_embeddings``); a shorter sequence runs a causal
+        pattern's first rows.
     mode : {"merged", "multihead"}
         ``merged``: every attention head uses the union of the pattern's heads;
         ``multihead``: attention head ``h`` uses pattern head ``h % p`` (the model's
@@ -101,8 +111,9 @@ def configure(model: Any, patterns: Pattern | Sequence[Pattern], *, mode: str = 
     ------
     ValueError
         A model with no attention layers or not built for this backend, a schedule
-        whose length does not divide the layers, patterns of different ``n``, a head
-        count the pattern's heads cannot map to.
+        whose length does not divide the layers, patterns of different ``n`` or an
+        ``n`` that is not the model's context length, a head count the pattern's heads
+        cannot map to.
 
     Examples
     --------
@@ -137,6 +148,11 @@ def configure(model: Any, patterns: Pattern | Sequence[Pattern], *, mode: str = 
     if len(ns) > 1:
         raise ValueError(f"patterns: every pattern needs one n (the context length), got "
                          f"{sorted(ns)}")
+    context = getattr(model.config, "max_position_embeddings", None)
+    if isinstance(context, int) and context != pats[0].n:
+        raise ValueError(f"patterns: n={pats[0].n} is not the model's context length "
+                         f"{context} (config.max_position_embeddings); make the patterns "
+                         f"at n={context}")
     heads = getattr(model.config, "num_attention_heads", None)
     for p in pats:
         if mode == "multihead" and heads is not None and heads % p.num_heads:
@@ -205,8 +221,9 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
                       **kwargs: Any) -> tuple[Any, None]:
     """transformers' attention function: ``(B, L, H, d)`` output, no weights.
 
-    ``query`` ``(B, H, L, d)``, ``key`` and ``value`` ``(B, H_kv, L, d)`` with
-    ``H`` a multiple of ``H_kv``.
+    ``query`` ``(B, H, L, d)``, ``key`` and ``value`` ``(B, H_kv, S, d)`` with ``H`` a
+    multiple of ``H_kv`` and ``L <= S <= n``: ``L < S`` are decode steps against a KV
+    cache (the queries are the last ``L`` positions, or as the mask places them).
     """
     import torch  # noqa: PLC0415
 
@@ -222,20 +239,23 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
         raise ValueError(f"dropout: the sparse backend runs with attention dropout 0, got "
                          f"{dropout} (set the config's attention dropout to 0)")
     B, H, L, d = query.shape
-    if key.shape[2] != L:
-        raise ValueError(
-            f"generate: {key.shape[2]} cached keys for {L} new queries; the sparse backend "
-            "does not decode with a KV cache (use_cache=False, or generate with another "
-            "attn_implementation)")
-    if L != pattern.n:
-        raise ValueError(f"pattern: n={pattern.n} is not the sequence length {L}; every "
-                         f"sequence must have the pattern's n (pad or pack to it)")
+    S, n = key.shape[2], pattern.n
+    if S > n:
+        raise ValueError(f"pattern: n={n} is shorter than the sequence, {S} positions "
+                         f"(keys, cached ones included); the pattern's n bounds the context")
+    if (S != n or L != S) and not pattern.causal:
+        raise ValueError(f"pattern: {pattern.name} is not causal, so it runs only sequences of "
+                         f"exactly n={n} with no KV cache; got {L} queries on {S} keys")
     Hk = key.shape[1]
     if H % Hk:
         raise ValueError(f"key: {Hk} key heads do not divide the {H} query heads")
     if Hk != H:  # grouped-query heads, as transformers' repeat_kv
         key = key.repeat_interleave(H // Hk, dim=1)
         value = value.repeat_interleave(H // Hk, dim=1)
+    if L != S:  # decode steps against a KV cache
+        start = _first_position(attention_mask, L, S)
+        out = _decoded(query, key, value, pattern, mode, scaling, start)
+        return out.transpose(1, 2).contiguous(), None
     docs = None
     if attention_mask is not None:
         docs = _documents_of(attention_mask)
@@ -243,6 +263,11 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
             raise ValueError(
                 "attention_mask: only causal masks, right padding and packed sequences map "
                 "to the pattern; got another mask (left padding or a custom mask)")
+    if S < n:  # a shorter sequence: the pattern's first S rows, the rest a zero tail
+        query, key, value = (torch.nn.functional.pad(t, (0, 0, 0, n - S))
+                             for t in (query, key, value))
+        if docs is not None:
+            docs = [x if x is None else x + (n - S,) for x in docs]
     if docs is None or all(x is None for x in docs):
         out = sparse_attention(query, key, value, pattern, mode=mode, scale=scaling,
                                impl=impl, block=block)
@@ -256,7 +281,86 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
             sel = torch.tensor(rows, device=query.device)
             out[sel] = sparse_attention(query[sel], key[sel], value[sel], pat, mode=mode,
                                         scale=scaling, impl=impl, block=block)
-    return out.transpose(1, 2).contiguous(), None
+    return out[:, :, :S].transpose(1, 2).contiguous(), None
+
+
+def _first_position(mask: Any, L: int, S: int) -> int:
+    """The position of the first of ``L`` queries decoded against ``S`` keys: ``S - L``
+    without a mask (transformers' lower-right causal alignment), else read off the mask,
+    which must let query ``r`` see exactly the keys ``0 .. start + r`` in every batch row."""
+    import torch  # noqa: PLC0415
+
+    if mask is None:
+        return S - L
+    B = mask.shape[0]
+    if mask.ndim != 4 or tuple(mask.shape[1:]) != (1, L, S):
+        raise ValueError(f"attention_mask: shape {tuple(mask.shape)}, expected (batch, 1, {L}, "
+                         f"{S}) for {L} queries on {S} keys")
+    first = mask[0, 0, 0]
+    first = first if first.dtype == torch.bool else first == 0
+    start = int(first.sum()) - 1
+    idx = torch.arange(S, device=mask.device)
+    for a in range(0, L, _ROWS):
+        rows = mask[:, 0, a : a + _ROWS]
+        rows = rows if rows.dtype == torch.bool else rows == 0  # (B, R, S)
+        want = idx[None, :] <= start + idx[a : a + rows.shape[1], None]
+        if not bool((rows == want[None]).all()):
+            raise ValueError(
+                "attention_mask: decoding with a KV cache needs every query to see exactly "
+                "the keys up to its position in every batch row (no padding); got another "
+                f"mask over {B} x {L} queries and {S} keys (left padding or a custom mask)")
+    if start < 0 or start + L > S:
+        raise ValueError(f"attention_mask: the queries' positions {start}..{start + L - 1} "
+                         f"are not within the {S} keys")
+    return start
+
+
+#: Bytes of gathered key and value rows a decode step holds at a time.
+_GATHER_BYTES = 64 << 20
+
+
+def _decoded(query: Any, key: Any, value: Any, pattern: Pattern, mode: str,
+             scaling: float | None, start: int) -> Any:
+    """Attention of the queries at positions ``start .. start + L - 1`` on the pattern's
+    rows of those positions, their keys gathered from ``key`` and ``value`` ``(B, H, S,
+    d)``; ``(B, H, L, d)``. Softmax in float32 at least; a row with no keys is 0, as
+    in the kernels."""
+    import numpy as np  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    B, H, L, d = query.shape
+    p = pattern.num_heads
+    ct = torch.promote_types(query.dtype, torch.float32)
+    scale = d ** -0.5 if scaling is None else scaling
+    out = torch.empty_like(query)
+    groups = ([(None, slice(None))] if mode == "merged"
+              else [(h, slice(h, None, p)) for h in range(p)])
+    per_row = max(1, pattern.max_row_count()) * B * H * d * key.element_size() * 2
+    step = max(1, _GATHER_BYTES // per_row)
+    for head, hs in groups:
+        k_h, v_h = key[:, hs], value[:, hs]
+        h = k_h.shape[1]
+        for a in range(0, L, step):
+            b = min(L, a + step)
+            rows = pattern.rows(start + a, start + b, head=head)
+            counts = np.diff(rows.indptr)
+            C = max(1, int(counts.max(initial=0)))
+            r = np.repeat(np.arange(b - a), counts)
+            c = np.arange(rows.indices.size) - np.repeat(rows.indptr[:-1], counts)
+            idx = np.zeros((b - a, C), dtype=np.int64)
+            idx[r, c] = rows.indices
+            seen = np.zeros((b - a, C), dtype=bool)
+            seen[r, c] = True
+            it = torch.from_numpy(idx).to(query.device).reshape(-1)
+            ok = torch.from_numpy(seen).to(query.device)
+            kg = k_h.index_select(2, it).view(B, h, b - a, C, d).to(ct)
+            vg = v_h.index_select(2, it).view(B, h, b - a, C, d).to(ct)
+            q = query[:, hs, a:b].to(ct).unsqueeze(-2)  # (B, h, R, 1, d)
+            s = (q @ kg.transpose(-1, -2)).squeeze(-2) * scale  # (B, h, R, C)
+            w = torch.softmax(s.masked_fill(~ok, -torch.inf), dim=-1)
+            w = torch.where(ok.any(-1, keepdim=True), w, 0.0)
+            out[:, hs, a:b] = (w.unsqueeze(-2) @ vg).squeeze(-2).to(query.dtype)
+    return out
 
 
 def _packed(pattern: Pattern, lengths: tuple[int, ...]) -> Pattern:
