@@ -4,10 +4,13 @@ Usage::
 
     .venv/bin/python benchmarks/train_step.py                    # contexts 4,096 and 8,192
     .venv/bin/python benchmarks/train_step.py --context 4096 --markdown
+    .venv/bin/python benchmarks/train_step.py --dtype bfloat16     # under torch.autocast
 
-The model is the example's (4 layers, 4 heads, d_model 256, batch 2, float32, on the
-CPU); a step is its forward, cross-entropy, backward and AdamW step on random tokens
-(the time does not depend on the data). Four models from the same seed are timed side
+The model is the example's (4 layers, 4 heads, d_model 256, batch 2, on the CPU); a step
+is its forward, cross-entropy, backward and AdamW step on random tokens (the time does
+not depend on the data), in float32 or under ``torch.autocast`` to bfloat16
+(``--dtype``: the linear layers and attention then take bf16, where AMX or
+``avx512_bf16`` make them faster). Four models from the same seed are timed side
 by side: full causal attention (torch SDPA), strided (l = sqrt(n)) and fixed (l = 128,
 c = 16) through ``SparseAttention``, and the same model with attention replaced by
 ``v`` -- the dense part of every step (embedding, LayerNorms, the linear layers, GELU,
@@ -71,9 +74,13 @@ def _stepper(model: nn.Module, args: argparse.Namespace):
     x = torch.randint(0, 256, (args.batch, args.context), generator=g)
     y = torch.randint(0, 256, (args.batch, args.context), generator=g)
 
+    half = args.dtype == "bfloat16"
+
     def step() -> float:
         t0 = time.perf_counter()
-        loss = nn.functional.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=half):
+            logits = model(x)
+        loss = nn.functional.cross_entropy(logits.float().reshape(-1, 256), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -118,7 +125,7 @@ def measure(args: argparse.Namespace) -> str:
     mm = 2 * 4096**3 / best["matmul"] / 1e9
     peak = max(peaks) / 1e9
     lines = [f"context {args.context}, batch {args.batch} ({tok:,} tokens a step), "
-             f"{args.layers} layers, {args.heads} heads, d_model {args.d_model}, float32; "
+             f"{args.layers} layers, {args.heads} heads, d_model {args.d_model}, {args.dtype}; "
              f"{args.rounds} rounds, best of {args.repeats} steps each",
              "",
              "| model | s / step | tokens/s | x full (median) | attention s / step |",
@@ -145,6 +152,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--context", default="4096,8192", help="contexts, comma-separated")
     ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="float32, or bfloat16 under torch.autocast")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=2, help="steps per model and round")
     ap.add_argument("--markdown", action="store_true",
@@ -165,7 +174,8 @@ def main() -> None:
         body = (f"torch {torch.__version__}, {torch.get_num_threads()} torch threads. "
                 "The model and step of `examples/char_lm.py`; `dense` is that model with "
                 "attention replaced by `v`.\n\n" + "\n\n".join(blocks))
-        print(write_section("benchmarks/train_step.py", machine(), body))
+        name = "benchmarks/train_step.py" + (" --dtype bfloat16" if args.dtype != "float32" else "")
+        print(write_section(name, machine(), body))
 
 
 if __name__ == "__main__":
