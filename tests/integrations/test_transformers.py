@@ -150,6 +150,38 @@ def test_generate_with_a_kv_cache_decodes_the_patterns_rows(build, mode):
             assert (a - b).abs().max().item() < 1e-10
 
 
+def test_generate_with_a_static_cache_and_a_short_prompt():
+    """A 12-token prompt (gathered rows, not a tail up to n) with the default and with a
+    static cache, whose prompt runs against the whole empty cache without a mask."""
+    torch.manual_seed(0)
+    model = backend.configure(_llama().double(), SCHEDULES["local-strided"]).eval()
+    model.generation_config.eos_token_id = None
+    prompt = torch.randint(1, 37, (2, 12), generator=torch.Generator().manual_seed(6))
+    kw = dict(max_new_tokens=30, do_sample=False, output_logits=True,
+              return_dict_in_generate=True, pad_token_id=0)
+    model.config._attn_implementation = backend.NAME
+    again = model.generate(input_ids=prompt, use_cache=False, **kw)
+    for cache in ({}, {"cache_implementation": "static"}):
+        got = model.generate(input_ids=prompt, **cache, **kw)
+        assert torch.equal(got.sequences, again.sequences)
+        for a, b in zip(got.logits, again.logits, strict=True):
+            assert (a - b).abs().max().item() < 1e-10
+
+
+def test_a_sliding_window_cache_is_refused():
+    cfg = transformers.MistralConfig(num_hidden_layers=1, num_attention_heads=4,
+                                     num_key_value_heads=2, hidden_size=32,
+                                     intermediate_size=64, vocab_size=37,
+                                     max_position_embeddings=N, sliding_window=16,
+                                     bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    model = transformers.MistralForCausalLM._from_config(cfg, attn_implementation=backend.NAME)
+    model = backend.configure(model, SCHEDULES["strided"]).eval()
+    model.generation_config.eos_token_id = None
+    with pytest.raises(ValueError, match=r"^position_ids: queries at positions \[16\]"):
+        model.generate(input_ids=torch.ones(1, 10, dtype=torch.long), max_new_tokens=20,
+                       do_sample=False, pad_token_id=0)
+
+
 def test_a_model_trains_with_the_backend():
     torch.manual_seed(0)
     model = backend.configure(_gpt2(), SCHEDULES["local-strided"])

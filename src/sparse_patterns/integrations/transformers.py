@@ -22,10 +22,13 @@ comes after it); packed sequences (a block-diagonal causal mask, from
 distinct packing. Any other mask (left padding, a custom 4D mask) is refused in
 one line, never ignored.
 
-``generate()`` with a KV cache: the prompt runs as a shorter sequence; each decode
-step's queries attend the pattern's rows of their positions against the cached keys
-(gathered, :func:`_decoded`). A batch of prompts of different lengths (left padding)
-is refused, as above.
+``generate()`` with a KV cache (dynamic or static): the prompt runs as a shorter
+sequence (a prompt under ``n / 16`` tokens, needing no gradients, gathers its rows
+rather than run the kernel on a zero tail up to ``n``); each decode step's queries
+attend the pattern's rows of their positions against the cached keys (gathered,
+:func:`_decoded`). A batch of prompts of different lengths (left padding) is refused,
+as above, and so is a cache that does not hold every earlier position (a sliding
+window's), by the model's ``position_ids``.
 """
 
 from __future__ import annotations
@@ -148,7 +151,8 @@ def configure(model: Any, patterns: Pattern | Sequence[Pattern], *, mode: str = 
     if len(ns) > 1:
         raise ValueError(f"patterns: every pattern needs one n (the context length), got "
                          f"{sorted(ns)}")
-    context = getattr(model.config, "max_position_embeddings", None)
+    text = getattr(model.config, "get_text_config", lambda: model.config)()
+    context = getattr(text, "max_position_embeddings", None)
     if isinstance(context, int) and context != pats[0].n:
         raise ValueError(f"patterns: n={pats[0].n} is not the model's context length "
                          f"{context} (config.max_position_embeddings); make the patterns "
@@ -253,7 +257,7 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
         key = key.repeat_interleave(H // Hk, dim=1)
         value = value.repeat_interleave(H // Hk, dim=1)
     if L != S:  # decode steps against a KV cache
-        start = _first_position(attention_mask, L, S)
+        start = _first_position(attention_mask, L, S, kwargs.get("position_ids"))
         out = _decoded(query, key, value, pattern, mode, scaling, start)
         return out.transpose(1, 2).contiguous(), None
     docs = None
@@ -263,6 +267,11 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
             raise ValueError(
                 "attention_mask: only causal masks, right padding and packed sequences map "
                 "to the pattern; got another mask (left padding or a custom mask)")
+    grads = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    if S * _SHORT < n and not grads and (docs is None or all(x is None for x in docs)):
+        # a short prompt of a long-context model: its rows gathered, not a tail of n - S
+        out = _decoded(query, key, value, pattern, mode, scaling, 0)
+        return out.transpose(1, 2).contiguous(), None
     if S < n:  # a shorter sequence: the pattern's first S rows, the rest a zero tail
         query, key, value = (torch.nn.functional.pad(t, (0, 0, 0, n - S))
                              for t in (query, key, value))
@@ -284,14 +293,38 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
     return out[:, :, :S].transpose(1, 2).contiguous(), None
 
 
-def _first_position(mask: Any, L: int, S: int) -> int:
-    """The position of the first of ``L`` queries decoded against ``S`` keys: ``S - L``
-    without a mask (transformers' lower-right causal alignment), else read off the mask,
-    which must let query ``r`` see exactly the keys ``0 .. start + r`` in every batch row."""
+#: A sequence this many times shorter than ``n``, run without gradients (a prompt), gathers
+#: its rows (:func:`_decoded`) instead of running the kernel on a zero tail up to ``n``.
+_SHORT = 16
+
+
+def _first_position(mask: Any, L: int, S: int, position_ids: Any = None) -> int:
+    """The position of the first of ``L`` queries decoded against ``S`` keys, which must
+    be the positions ``0 .. S - 1`` in order.
+
+    Without a mask, as transformers' SDPA path aligns it: one query is the last position,
+    several start at 0 (its ``is_causal``: an empty or static cache's prompt). Else read
+    off the mask, which must let query ``r`` see exactly the keys ``0 .. start + r`` in
+    every batch row. The model's ``position_ids``, where given, must agree (a
+    sliding-window cache, which keeps only the latest keys, does not)."""
     import torch  # noqa: PLC0415
 
-    if mask is None:
-        return S - L
+    start = _masked_start(mask, L, S) if mask is not None else (S - 1 if L == 1 else 0)
+    if position_ids is not None and getattr(position_ids, "ndim", 0) == 2:
+        want = torch.arange(start, start + L, device=position_ids.device)
+        if position_ids.shape[-1] != L or not bool((position_ids == want).all()):
+            got = position_ids[0, : min(3, position_ids.shape[-1])].tolist()
+            raise ValueError(
+                f"position_ids: queries at positions {got}..., but the {S} cached keys put "
+                f"them at {start}...; the sparse backend decodes only against a cache of "
+                "every earlier position (not a sliding-window cache)")
+    return start
+
+
+def _masked_start(mask: Any, L: int, S: int) -> int:
+    """:func:`_first_position`'s start read off a ``(B, 1, L, S)`` mask."""
+    import torch  # noqa: PLC0415
+
     B = mask.shape[0]
     if mask.ndim != 4 or tuple(mask.shape[1:]) != (1, L, S):
         raise ValueError(f"attention_mask: shape {tuple(mask.shape)}, expected (batch, 1, {L}, "
@@ -335,7 +368,8 @@ def _decoded(query: Any, key: Any, value: Any, pattern: Pattern, mode: str,
     out = torch.empty_like(query)
     groups = ([(None, slice(None))] if mode == "merged"
               else [(h, slice(h, None, p)) for h in range(p)])
-    per_row = max(1, pattern.max_row_count()) * B * H * d * key.element_size() * 2
+    item = key.element_size() + (0 if key.dtype == ct else ct.itemsize)  # gathered, widened
+    per_row = max(1, pattern.max_row_count()) * B * H * d * item * 2
     step = max(1, _GATHER_BYTES // per_row)
     for head, hs in groups:
         k_h, v_h = key[:, hs], value[:, hs]
