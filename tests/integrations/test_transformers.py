@@ -168,6 +168,30 @@ def test_generate_with_a_static_cache_and_a_short_prompt():
             assert (a - b).abs().max().item() < 1e-10
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_decode_steps_match_float64_within_rounding(dtype):
+    """Two decode queries (positions 88, 89, as their mask places them) of a multihead
+    strided layer on 90 cached keys, in half precision, against the same rows in float64
+    (each head its pattern head, each pair of heads its key head)."""
+    model = backend.configure(_llama(1), SCHEDULES["strided"], mode="multihead")
+    layer = model.model.layers[0].self_attn
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, h, L, 8, generator=g, dtype=torch.float64)
+               for h, L in ((4, 2), (2, 90), (2, 90)))
+    mask = torch.arange(90)[None, :] <= torch.tensor([[88], [89]])  # positions 88, 89
+    got, _ = backend.attention_forward(layer, q.to(dtype), k.to(dtype), v.to(dtype),
+                                       mask[None, None])
+    assert got.dtype == dtype and got.shape == (2, 2, 4, 8)
+    pat, tol = SCHEDULES["strided"][0], {torch.bfloat16: 2e-2, torch.float16: 3e-3}[dtype]
+    for h in range(4):
+        for r, i in enumerate((88, 89)):
+            cols = torch.from_numpy(pat.rows(i, i + 1, head=h % 2).indices)
+            kk, vv = k[:, h // 2, cols], v[:, h // 2, cols]
+            w = torch.softmax(torch.einsum("bd,bcd->bc", q[:, h, r], kk) / 8 ** 0.5, -1)
+            want = torch.einsum("bc,bcd->bd", w, vv)
+            assert (got[:, r, h].double() - want).abs().max().item() < tol
+
+
 def test_a_sliding_window_cache_is_refused():
     cfg = transformers.MistralConfig(num_hidden_layers=1, num_attention_heads=4,
                                      num_key_value_heads=2, hidden_size=32,
