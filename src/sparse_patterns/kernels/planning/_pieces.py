@@ -34,6 +34,13 @@ CHUNK_ENTRIES = 1 << 21
 SAMPLE_BLOCKS = 64
 
 
+#: The compiled loops (:func:`~._tiling.chunk_tiles`, :func:`~._tiling.piece_rows`) take
+#: the heads as tuples, and numba compiles them once per tuple length: a piece of fewer
+#: heads passes this many, the rest with no entries and no member, so patterns of 1 to 4
+#: heads share one compiled loop.
+_HEADS = 4
+
+
 class _Piece:
     """One part of a softmax group: the heads whose entries it takes, and its order.
 
@@ -50,7 +57,7 @@ class _Piece:
     def heads(self, spans: list) -> tuple[tuple, tuple, tuple, np.ndarray]:
         """``(starts, ends, indices, member)`` of the heads up to the last member, for
         the compiled loops (one index dtype, int64 row bounds), from ``(ind, starts,
-        ends)`` per head (:meth:`Pattern.spans_of`)."""
+        ends)`` per head (:meth:`Pattern.spans_of`); fewer than :data:`_HEADS` padded to it."""
         top = max(self.members)
         first = 0 if self.exclusive else min(self.members)
         use = spans[first : top + 1]
@@ -58,8 +65,13 @@ class _Piece:
         starts = tuple(np.ascontiguousarray(a, dtype=np.int64) for _, a, _ in use)
         ends = tuple(np.ascontiguousarray(b, dtype=np.int64) for _, _, b in use)
         idxs = tuple(ind.astype(dt, copy=False) for ind, _, _ in use)
-        member = np.zeros(top + 1 - first, dtype=np.bool_)
+        member = np.zeros(max(len(use), _HEADS), dtype=np.bool_)
         member[[h - first for h in self.members]] = True
+        if len(use) < _HEADS:
+            none = np.zeros(starts[0].size, np.int64)
+            pad = _HEADS - len(use)
+            starts, ends = starts + (none,) * pad, ends + (none,) * pad
+            idxs = idxs + (np.empty(0, dt),) * pad
         return starts, ends, idxs, member
 
     def rows(self, mats: tuple) -> tuple[np.ndarray, np.ndarray]:
