@@ -174,6 +174,13 @@ def configure(model: Any, patterns: Pattern | Sequence[Pattern], *, mode: str = 
 _ROWS = 256
 
 
+def _allowed(mask: Any) -> Any:
+    """The pairs a mask lets attend: a boolean mask as it is, an additive one where 0."""
+    import torch  # noqa: PLC0415
+
+    return mask if mask.dtype == torch.bool else mask == 0
+
+
 def _documents_of(mask: Any) -> list[tuple[int, ...] | None] | None:
     """Per batch row, the document lengths of a mask that is causal within each document
     and right-padded (None for a row that is plain causal), or None when the mask is
@@ -196,8 +203,7 @@ def _documents_of(mask: Any) -> list[tuple[int, ...] | None] | None:
         count = torch.empty(L, dtype=torch.long, device=mask.device)
         valid = torch.zeros(L, dtype=torch.bool, device=mask.device)
         for a in range(0, L, _ROWS):
-            rows = mask[b, 0, a : a + _ROWS]
-            rows = rows if rows.dtype == torch.bool else rows == 0  # (R, L)
+            rows = _allowed(mask[b, 0, a : a + _ROWS])  # (R, L)
             i = idx[a : a + rows.shape[0], None]
             if bool((rows & (idx[None, :] > i)).any()):
                 return None  # attends a later key: not causal
@@ -253,9 +259,6 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
     Hk = key.shape[1]
     if H % Hk:
         raise ValueError(f"key: {Hk} key heads do not divide the {H} query heads")
-    if Hk != H:  # grouped-query heads, as transformers' repeat_kv
-        key = key.repeat_interleave(H // Hk, dim=1)
-        value = value.repeat_interleave(H // Hk, dim=1)
     if L != S:  # decode steps against a KV cache
         start = _first_position(attention_mask, L, S, kwargs.get("position_ids"))
         out = _decoded(query, key, value, pattern, mode, scaling, start)
@@ -272,6 +275,9 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
         # a short prompt of a long-context model: its rows gathered, not a tail of n - S
         out = _decoded(query, key, value, pattern, mode, scaling, 0)
         return out.transpose(1, 2).contiguous(), None
+    if Hk != H:  # grouped-query heads, as transformers' repeat_kv
+        key = key.repeat_interleave(H // Hk, dim=1)
+        value = value.repeat_interleave(H // Hk, dim=1)
     if S < n:  # a shorter sequence: the pattern's first S rows, the rest a zero tail
         query, key, value = (torch.nn.functional.pad(t, (0, 0, 0, n - S))
                              for t in (query, key, value))
@@ -329,13 +335,10 @@ def _masked_start(mask: Any, L: int, S: int) -> int:
     if mask.ndim != 4 or tuple(mask.shape[1:]) != (1, L, S):
         raise ValueError(f"attention_mask: shape {tuple(mask.shape)}, expected (batch, 1, {L}, "
                          f"{S}) for {L} queries on {S} keys")
-    first = mask[0, 0, 0]
-    first = first if first.dtype == torch.bool else first == 0
-    start = int(first.sum()) - 1
+    start = int(_allowed(mask[0, 0, 0]).sum()) - 1
     idx = torch.arange(S, device=mask.device)
     for a in range(0, L, _ROWS):
-        rows = mask[:, 0, a : a + _ROWS]
-        rows = rows if rows.dtype == torch.bool else rows == 0  # (B, R, S)
+        rows = _allowed(mask[:, 0, a : a + _ROWS])  # (B, R, S)
         want = idx[None, :] <= start + idx[a : a + rows.shape[1], None]
         if not bool((rows == want[None]).all()):
             raise ValueError(
@@ -355,9 +358,10 @@ _GATHER_BYTES = 64 << 20
 def _decoded(query: Any, key: Any, value: Any, pattern: Pattern, mode: str,
              scaling: float | None, start: int) -> Any:
     """Attention of the queries at positions ``start .. start + L - 1`` on the pattern's
-    rows of those positions, their keys gathered from ``key`` and ``value`` ``(B, H, S,
-    d)``; ``(B, H, L, d)``. Softmax in float32 at least; a row with no keys is 0, as
-    in the kernels."""
+    rows of those positions, their keys gathered from ``key`` and ``value`` ``(B, H_kv,
+    S, d)`` (query head ``h`` reads key head ``h // (H / H_kv)``, as ``repeat_kv``; only
+    the gathered rows are expanded, never the cache); ``(B, H, L, d)``. Softmax in
+    float32 at least; a row with no keys is 0, as in the kernels."""
     import numpy as np  # noqa: PLC0415
     import torch  # noqa: PLC0415
 
@@ -371,9 +375,10 @@ def _decoded(query: Any, key: Any, value: Any, pattern: Pattern, mode: str,
     item = key.element_size() + (0 if key.dtype == ct else ct.itemsize)  # gathered, widened
     per_row = max(1, pattern.max_row_count()) * B * H * d * item * 2
     step = max(1, _GATHER_BYTES // per_row)
+    kv_of = torch.arange(H, device=key.device) // (H // key.shape[1])
     for head, hs in groups:
-        k_h, v_h = key[:, hs], value[:, hs]
-        h = k_h.shape[1]
+        kv = kv_of[hs]
+        h = kv.numel()
         for a in range(0, L, step):
             b = min(L, a + step)
             rows = pattern.rows(start + a, start + b, head=head)
@@ -387,8 +392,8 @@ def _decoded(query: Any, key: Any, value: Any, pattern: Pattern, mode: str,
             seen[r, c] = True
             it = torch.from_numpy(idx).to(query.device).reshape(-1)
             ok = torch.from_numpy(seen).to(query.device)
-            kg = k_h.index_select(2, it).view(B, h, b - a, C, d).to(ct)
-            vg = v_h.index_select(2, it).view(B, h, b - a, C, d).to(ct)
+            kg = key.index_select(2, it).index_select(1, kv).view(B, h, b - a, C, d).to(ct)
+            vg = value.index_select(2, it).index_select(1, kv).view(B, h, b - a, C, d).to(ct)
             q = query[:, hs, a:b].to(ct).unsqueeze(-2)  # (B, h, R, 1, d)
             s = (q @ kg.transpose(-1, -2)).squeeze(-2) * scale  # (B, h, R, C)
             w = torch.softmax(s.masked_fill(~ok, -torch.inf), dim=-1)
