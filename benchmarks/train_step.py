@@ -160,7 +160,6 @@ def main() -> None:
                     help="write the section of docs/benchmarks.md for this machine")
     args = ap.parse_args()
     args.layers, args.heads, args.d_model, args.seed = 4, 4, 256, 0
-    torch.set_num_threads(torch.get_num_threads())
     blocks = []
     for n in (int(c) for c in args.context.split(",") if c):
         if n < 256 or n & (n - 1):
