@@ -28,7 +28,7 @@ def _reference(module, query, key, value, attention_mask, scaling=None, dropout=
     rep = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(rep, 1), value.repeat_interleave(rep, 1)
     L, S = query.shape[2], key.shape[2]  # the queries are the last L of S positions
-    mask = torch.from_numpy(pattern.union().toarray()[S - L : S, :S])[None, None]
+    mask = torch.from_numpy(pattern.rows(S - L, S)[:, :S].toarray())[None, None]
     if attention_mask is not None:
         mask = mask & attention_mask
     out = torch.nn.functional.scaled_dot_product_attention(
