@@ -191,6 +191,10 @@ def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: Pattern, mo
         # the backend's own graph would carry that into the gradients too, so this call
         # runs through attention() and attention_backward(), which recompute such rows
         # exactly (the common, finite case costs one sum of ``out``)
+    # The kernels read C-contiguous arrays. A model's q, k, v are usually views (heads
+    # permuted out of one projection); made contiguous here, in the graph, the function
+    # saves the copies its forward read, and its backward does not copy them again.
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     return _SparseAttentionFunction.apply(q, k, v, pl, pattern, scale, be.name)
 
 
