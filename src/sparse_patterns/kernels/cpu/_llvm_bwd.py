@@ -6,8 +6,9 @@ intrinsics written in LLVM IR (the backward's counterpart of :mod:`._llvm_fwd`'s
 A chunk is ``m`` query rows (whole tiles of 32) against the block's 32 keys; a row
 ``r`` of ``Q``, ``dO`` and ``dQ`` starts at element ``roff[r]`` of its array (rows used
 in place where they lie, or in gather buffers). Three passes, each a product with
-16 vector accumulators, one operand a vector row and the other broadcast element by
-element (no BLAS call):
+16 vector accumulators (AVX-512; 8 of AVX2's 256-bit registers in blocks a quarter
+the size, :data:`._llvm._WIDE`), one operand a vector row and the other broadcast
+element by element (no BLAS call):
 
 * :func:`_dscores32`: ``S = Q K^T`` and ``dP = dO V^T`` for 4 queries at a time
   (``K^T``, ``V^T``: ``d x 32``), then, in registers,
@@ -43,6 +44,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from . import _llvm
 from ._amx import (
     _AMX,
     _amx_pairs_product,
@@ -198,10 +200,11 @@ def _amx_dscores(builder, qp, dop, rp, ktp, vtp, r0, dw, pp, sp) -> None:
 
 def _dscores_codegen(bf16: bool, amx: bool = False):
     """The IR of :func:`_dscores32`, (``bf16``) of :func:`_dscores32_bf16` and (``amx``)
-    of :func:`_dscores32_amx`."""
-    G = _GROUP
+    of :func:`_dscores32_amx`. A register block is ``G`` rows: 4, or 1 with 256-bit
+    vectors (:data:`._llvm._WIDE` false)."""
 
     def codegen(context, builder, signature, args):
+        G = _GROUP if bf16 or amx or _llvm._WIDE else 1
         if not _f32(context, signature, 0) or (bf16 and not _AVX512_BF16):
             return context.get_dummy_value()
         if amx and not _AMX:
@@ -430,17 +433,18 @@ def _dscores32_bf16(typingctx, q, do, roff, kt, vt, m, dw, alpha, lc, dl, bits, 
 def _dkv_codegen(bf16: bool):
     """The IR of :func:`_dkv32` and (``bf16``: a step is a pair of rows, interleaved in
     registers) of :func:`_dkv32_bf16`: blocks of ``G = 8`` keys x 2 vectors, each over
-    the rows either of its two groups of 4 keys sees."""
-    G = 2 * _GROUP
+    the rows either of its two groups of 4 keys sees; with 256-bit vectors
+    (:data:`._llvm._WIDE` false), 4 keys x 1 vector over their group's rows."""
 
     def codegen(context, builder, signature, args):
+        G, C = (2 * _GROUP, 2) if bf16 or _llvm._WIDE else (_GROUP, 1)
         if not _f32(context, signature, 0) or (bf16 and not _AVX512_BF16):
             return context.get_dummy_value()
         mp, sp, rp, ap = (_data(context, builder, signature, args, i) for i in range(4))
         nt_, d_ = (_int(context, builder, signature, args, i) for i in (4, 6))
         gp = _data(context, builder, signature, args, 5)
         fma = _fma(builder)
-        a = [[cgutils.alloca_once(builder, _VT) for c in range(2)] for u in range(G)]
+        a = [[cgutils.alloca_once(builder, _VT) for c in range(C)] for u in range(G)]
         with cgutils.for_range(builder, _I64(32 // G)) as gl:
             g = gl.index
             keys = [builder.add(builder.mul(g, _I64(G)), _I64(u)) for u in range(G)]
@@ -497,7 +501,7 @@ def _dkv_codegen(bf16: bool):
                         builder.store(x, _vec(builder, ap, builder.add(arows[u], _I64(16 * c))),
                                       align=4)
 
-            _columns(builder, d_, body, 2)
+            _columns(builder, d_, body, C)
         return context.get_dummy_value()
     return codegen
 
@@ -532,17 +536,19 @@ def _dkv32_bf16(typingctx, mat, src, roff, acc, nt, rng, d):  # pragma: no cover
 
 def _dq_codegen(bf16: bool):
     """The IR of :func:`_dq32` and (``bf16``: a step is a pair of keys) of
-    :func:`_dq32_bf16`."""
+    :func:`_dq32_bf16`: blocks of 4 rows x 4 vectors, or x 1 with 256-bit vectors
+    (:data:`._llvm._WIDE` false)."""
     G = _GROUP
 
     def codegen(context, builder, signature, args):
+        C = 4 if bf16 or _llvm._WIDE else 1
         if not _f32(context, signature, 0) or (bf16 and not _AVX512_BF16):
             return context.get_dummy_value()
         mp, kp, dp, rp = (_data(context, builder, signature, args, i) for i in range(4))
         nt_, d_ = (_int(context, builder, signature, args, i) for i in (4, 6))
         gp = _data(context, builder, signature, args, 5)
         fma = _fma(builder)
-        a = [[cgutils.alloca_once(builder, _VT) for c in range(4)] for u in range(G)]
+        a = [[cgutils.alloca_once(builder, _VT) for c in range(C)] for u in range(G)]
         with cgutils.for_range(builder, builder.mul(nt_, _I64(32 // G))) as gl:
             t = builder.sdiv(gl.index, _I64(32 // G))
             g = builder.srem(gl.index, _I64(32 // G))
@@ -590,7 +596,7 @@ def _dq_codegen(bf16: bool):
                             builder.store(builder.load(a[u][c]),
                                           _vec(builder, dp, builder.add(drows[u], _I64(16 * c))), align=4)
 
-                _columns(builder, d_, body)
+                _columns(builder, d_, body, C)
         return context.get_dummy_value()
     return codegen
 

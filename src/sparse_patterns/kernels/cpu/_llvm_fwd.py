@@ -10,7 +10,8 @@ What they are for:
   pass (:func:`_scores32`: 8 keys x 32 queries in 16 vector registers, a partial
   tile's mask applied as vector lane masks from transposed query bits), as fast as the
   BLAS call alone, and the exponentials another (:func:`_exp32`, sums kept in
-  registers);
+  registers); with AVX2's 256-bit vectors, blocks a quarter the size (2 keys; and
+  4 queries x 16 columns below) in 8 of its 16 registers (:data:`._llvm._WIDE`);
 * ``P V`` is query-major (:func:`_pv32_dense`): blocks of 8 queries x 32 columns
   (which read each value row half as often as 4 x 64), each only over the key rows
   its queries see (a band's first and last tiles are half masked), with the
@@ -35,6 +36,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from . import _llvm
 from ._amx import (
     _amx_ok,
     _amx_pairs_product,
@@ -142,10 +144,11 @@ def _pv_codegen(bf16: bool = False):
     row in 16 accumulators), block of keys by block of :data:`_PV_KEYS` (the partial sums
     stored in the output rows between blocks: the same sums, in the same order, as one
     pass over all keys); ``bf16``: of :func:`_pv32_dense_bf16`, a step being a pair of
-    keys (one ``vdpbf16ps`` per accumulator), by blocks of :data:`_PV_KEYS_BF16`."""
-    G, C = 8, 2
+    keys (one ``vdpbf16ps`` per accumulator), by blocks of :data:`_PV_KEYS_BF16`. With
+    256-bit vectors (:data:`._llvm._WIDE` false), ``G = 4`` queries x ``C = 1`` vector."""
 
     def codegen(context, builder, signature, args):
+        G, C = (8, 2) if bf16 or _llvm._WIDE else (4, 1)
         if bf16 and not _bf16_ok(context, signature.args[2]):
             return context.get_dummy_value()
         va_, ko_, st_, ob_, oo_, al_, po_, lo_, hi_, d_, db_, do_, fr_ = args
@@ -358,15 +361,15 @@ def _pv32_dense_bf16(typingctx, va, koff, st, obuf, ooff, alpha, post, lo, hi, d
             _pv_codegen(True))
 
 
-_KEYS = 8  # keys per register block of _scores32 (16 vector accumulators)
-
-
 def _scores_codegen(bf16: bool, amx: bool = False):
     """The IR of :func:`_scores32` (float32 or float64 FMAs), of :func:`_scores32_bf16`
     (``bf16``: ``vdpbf16ps`` on pairs of bf16 words) and of :func:`_scores32_amx`
-    (``amx``: a tile's products by AMX into ``st`` first, then the same pass over them)."""
+    (``amx``: a tile's products by AMX into ``st`` first, then the same pass over them).
+    A register block is ``K`` keys x 32 queries: 8 (16 vector accumulators), or 2 with
+    256-bit vectors (:data:`._llvm._WIDE` false)."""
 
     def codegen(context, builder, signature, args):
+        K = 8 if bf16 or amx or _llvm._WIDE else 2
         if bf16 and not _bf16_ok(context, signature.args[3]):
             return context.get_dummy_value()
         if amx and not _amx_ok(context, signature.args[3]):
@@ -393,13 +396,13 @@ def _scores_codegen(bf16: bool, amx: bool = False):
         cm = [cgutils.alloca_once(builder, vt) for h in range(2)]
         for h in range(2):
             builder.store(builder.load(vec(cp, i64(16 * h)), align=4), cm[h])
-        acc = [[cgutils.alloca_once(builder, vt) for h in range(2)] for jj in range(_KEYS)]
+        acc = [[cgutils.alloca_once(builder, vt) for h in range(2)] for jj in range(K)]
 
-        def finish(masked, g, jb, mbase):  # scale, mask (partial tiles only), max, store
-            for jj in range(_KEYS):
+        def finish(masked, kg, jb, mbase):  # scale, mask (partial tiles only), max, store
+            for jj in range(K):
                 row = builder.mul(builder.add(jb, i64(jj)), i64(32))
                 if masked:
-                    w = builder.load(builder.gep(mp, [builder.add(mbase, i64(g * _KEYS + jj))]))
+                    w = builder.load(builder.gep(mp, [builder.add(mbase, builder.add(kg, i64(jj)))]))
                 for h in range(2):
                     s = builder.fmul(builder.load(acc[jj][h]), av)
                     if masked:
@@ -412,12 +415,12 @@ def _scores_codegen(bf16: bool, amx: bool = False):
                     builder.store(builder.select(builder.fcmp_ordered(">", m, s), m, s), cm[h])
                     builder.store(s, vec(sp, builder.add(row, i64(16 * h))), align=4)
 
-        def finish_tile(g, jb, mbase, full):
+        def finish_tile(kg, jb, mbase, full):
             with builder.if_else(full) as (whole, partial):
                 with whole:
-                    finish(False, g, jb, mbase)
+                    finish(False, kg, jb, mbase)
                 with partial:
-                    finish(True, g, jb, mbase)
+                    finish(True, kg, jb, mbase)
 
         def amx_tile(t):  # tile t's 32 x 32 products (keys x queries) into its rows of st
             krow = builder.add(koff_, builder.mul(t, builder.mul(d_, i64(32))))
@@ -435,9 +438,10 @@ def _scores_codegen(bf16: bool, amx: bool = False):
             if amx:
                 with builder.if_then(builder.icmp_signed("<", builder.add(t, i64(1)), nt_)):
                     amx_tile(builder.add(t, i64(1)))
-            for g in range(32 // _KEYS):
-                jb = builder.add(builder.mul(t, i64(32)), i64(g * _KEYS))
-                for jj in range(_KEYS):
+
+            def group(kg):  # keys kg .. kg + K - 1 of tile t (kg: an i64)
+                jb = builder.add(builder.mul(t, i64(32)), kg)
+                for jj in range(K):
                     for h in range(2):
                         if amx:
                             row = builder.mul(builder.add(jb, i64(jj)), i64(32))
@@ -446,15 +450,15 @@ def _scores_codegen(bf16: bool, amx: bool = False):
                             x = ir.Constant(vt, [0.0] * 16)
                         builder.store(x, acc[jj][h])
                 if amx:
-                    finish_tile(g, jb, mbase, full)
-                    continue
+                    finish_tile(kg, jb, mbase, full)
+                    return
 
                 def products(halves, jb=jb):  # the d-loop for the query halves given
                     with cgutils.for_range(builder, d_) as cl:
                         qrow = builder.mul(cl.index, i64(32))
                         q = {h: builder.load(vec(qp, builder.add(qrow, i64(16 * h))), align=4)
                              for h in halves}
-                        for jj in range(_KEYS):
+                        for jj in range(K):
                             row = builder.mul(builder.add(jb, i64(jj)), d_)
                             kv = builder.load(builder.gep(kp, [builder.add(koff_, builder.add(row, cl.index))]))
                             kv = _splat(builder, kv, vt)
@@ -462,11 +466,11 @@ def _scores_codegen(bf16: bool, amx: bool = False):
                                 builder.store(_mac(builder, fma, bf16, builder.load(acc[jj][h]),
                                                    kv, q[h]), acc[jj][h])
 
-                # a half (16 queries) that none of the 8 keys is seen by in a partial tile
+                # a half (16 queries) that none of the K keys is seen by in a partial tile
                 # (a diagonal tile's corner) is not computed: its scores are all masked
                 seen = None
-                for jj in range(_KEYS):
-                    w = builder.load(builder.gep(mp, [builder.add(mbase, i64(g * _KEYS + jj))]))
+                for jj in range(K):
+                    w = builder.load(builder.gep(mp, [builder.add(mbase, builder.add(kg, i64(jj)))]))
                     seen = w if seen is None else builder.or_(seen, w)
                 wt = seen.type
                 half = [builder.or_(full, builder.icmp_unsigned("!=", builder.and_(seen, ir.Constant(wt, m)),
@@ -482,7 +486,14 @@ def _scores_codegen(bf16: bool, amx: bool = False):
                             with high:
                                 with builder.if_then(half[1]):
                                     products((1,))
-                finish_tile(g, jb, mbase, full)
+                finish_tile(kg, jb, mbase, full)
+
+            if K == 8:  # 4 groups, unrolled
+                for g in range(32 // K):
+                    group(i64(g * K))
+            else:  # 16 groups: a loop (unrolled, they made the kernels' code several times larger)
+                with cgutils.for_range(builder, i64(32 // K)) as gl:
+                    group(builder.mul(gl.index, i64(K)))
         for h in range(2):  # (with amx, the tiles stay configured for _pv32_amx)
             builder.store(builder.load(cm[h]), vec(cp, i64(16 * h)), align=4)
         return context.get_dummy_value()
