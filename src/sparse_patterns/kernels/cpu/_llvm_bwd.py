@@ -326,9 +326,9 @@ def _dscores32(typingctx, q, do, roff, kt, vt, m, d, alpha, lc, dl, bits, dscale
     vt[c*32 + j]``; ``pbuf[r*32 + j] = 2**(alpha s - lc[r])`` and ``sbuf[r*32 + j] =
     dscale * P * (dp - dl[r])`` where bit ``j`` of ``bits[r]`` is set, else 0 (a masked
     key, or a row without keys: ``bits[r] = 0``, ``lc[r]`` finite). The exponential is
-    :func:`._llvm._emit_exp2` (NaN stays NaN); the accumulators are 4 rows x 2 vectors
-    x (``S``, ``dP``), and a half of the keys that none of the 4 rows sees is not
-    multiplied."""
+    :func:`._llvm._emit_exp2` (NaN stays NaN); the accumulators are 4 rows (1 with
+    256-bit vectors) x 2 vectors x (``S``, ``dP``), and a half of the keys that none of
+    those rows sees is not multiplied."""
     return (types.none(q, do, roff, kt, vt, m, d, alpha, lc, dl, bits, dscale, pbuf, sbuf),
             _dscores_codegen(False))
 
@@ -516,7 +516,8 @@ def _dkv32(typingctx, mat, src, roff, acc, nt, rng, d):  # pragma: no cover - co
     groups of 4 sees. Accumulators: 8 keys x 2 vectors (32 columns), then 1 vector for
     the rest of ``d``; a ``src`` row is loaded once per block of keys and each ``mat``
     entry broadcast: half as often as blocks of 4 keys x 4 vectors would (the same
-    gradients, bit for bit)."""
+    gradients, bit for bit). With 256-bit vectors: 4 keys x 1 vector, over their
+    group's rows."""
     return types.none(mat, src, roff, acc, nt, rng, d), _dkv_codegen(False)
 
 
@@ -607,8 +608,8 @@ def _dq32(typingctx, mat, kv, dst, roff, nt, rng, d):  # pragma: no cover - comp
     ``r = 32 t + i`` of a chunk of ``nt`` tiles against 32 key rows ``kv``: ``dQ += dS K``.
     Rows ``4g .. 4g+3`` of tile ``t`` take only keys ``rng[t*32 + 16 + 2g] <= j <
     rng[t*32 + 17 + 2g]`` (the others' ``mat`` entries are 0); a group that sees no
-    key is not read or written. Accumulators: 4 rows x 4 vectors, loaded from and
-    stored to ``dst``."""
+    key is not read or written. Accumulators: 4 rows x 4 vectors (1 with 256-bit
+    vectors), loaded from and stored to ``dst``."""
     return types.none(mat, kv, dst, roff, nt, rng, d), _dq_codegen(False)
 
 

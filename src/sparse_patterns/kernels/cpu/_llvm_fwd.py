@@ -508,12 +508,12 @@ def _scores32(typingctx, k, koff, qt, st, ntile, d, alpha, tmask, t0, maskt,
     the masking and the max pass of :func:`._softmax._softmax_cols` do in three).
 
     ``st[j*32 + r] = alpha * sum_c k[koff + j*d + c] * qt[c*32 + r]`` (``qt``: ``Q^T``,
-    ``d x 32``), accumulated for 8 keys x 32 queries in 16 vector registers; ``-inf``
-    where tile ``t``'s transposed mask (bit ``r`` of ``maskt[tmask[t0 + t]*32 + key]``)
-    is unset, ``tmask < 0`` meaning a full tile (no mask applied); ``cmax[r]`` = max
-    of itself and column ``r``, one ``vmaxps`` per vector. In a partial tile, the
-    products of a group of 8 keys with a half of the queries (16) that none of those
-    keys is seen by are skipped (a diagonal or band tile's corners: a quarter of a
+    ``d x 32``), accumulated for 8 keys x 32 queries in 16 vector registers (2 keys
+    with 256-bit vectors); ``-inf`` where tile ``t``'s transposed mask (bit ``r`` of
+    ``maskt[tmask[t0 + t]*32 + key]``) is unset, ``tmask < 0`` meaning a full tile (no
+    mask applied); ``cmax[r]`` = max of itself and column ``r``, one ``vmaxps`` per
+    vector. In a partial tile, the products of a group of keys with a half of the
+    queries (16) that none of those keys is seen by are skipped (a diagonal or band tile's corners: a quarter of a
     triangle's tile). Unlike
     :func:`._softmax._softmax_cols`, a NaN score need not leave a NaN max (``vmaxps`` keeps the
     later operand): the row still ends NaN, as the NaN score's exponential is NaN.
