@@ -261,9 +261,10 @@ _AVX512 = _has_avx512()
 _AVX512_BF16 = _has_avx512("avx512bf16")
 _AVX512_DQ = _has_avx512("avx512dq")  # vreduceps (_emit_exp2's ``floor``)
 # The register blocks of the float32 passes (._llvm_fwd, ._llvm_bwd) keep their sums in half
-# the vector registers: 16 values of 16 floats, 16 of AVX-512's 32 registers; where vectors
-# are 256 bits (AVX2: 16 registers, a value of 16 floats two of them), 4 such values. The
-# AVX-512 blocks spill their sums to the stack there at every step. Read as a pass compiles.
+# the vector registers: 16 values of 16 floats, 16 of AVX-512's 32 registers. Without
+# AVX-512F, 4 such values: on AVX2 (16 registers of 256 bits, a value two of them) 8
+# registers, where the AVX-512 blocks spill their sums to the stack at every step; narrower
+# targets get these blocks too. Read as a pass compiles (a test compiles both).
 _WIDE = _AVX512
 # Cephes' degree-6 polynomial for 2**r on [-1/2, 1/2], highest power first
 _EXP2_POLY = (1.535336188319500e-4, 1.339887440266574e-3, 9.618437357674640e-3,

@@ -6,11 +6,11 @@ intrinsics written in LLVM IR (the backward's counterpart of :mod:`._llvm_fwd`'s
 A chunk is ``m`` query rows (whole tiles of 32) against the block's 32 keys; a row
 ``r`` of ``Q``, ``dO`` and ``dQ`` starts at element ``roff[r]`` of its array (rows used
 in place where they lie, or in gather buffers). Three passes, each a product with
-16 vector accumulators (AVX-512; 8 of AVX2's 256-bit registers in blocks a quarter
-the size, :data:`._llvm._WIDE`), one operand a vector row and the other broadcast
+16 vector accumulators (AVX-512; without it, blocks a quarter the size: 8 of AVX2's 16
+registers, :data:`._llvm._WIDE`), one operand a vector row and the other broadcast
 element by element (no BLAS call):
 
-* :func:`_dscores32`: ``S = Q K^T`` and ``dP = dO V^T`` for 4 queries at a time
+* :func:`_dscores32`: ``S = Q K^T`` and ``dP = dO V^T`` for 4 queries at a time (1)
   (``K^T``, ``V^T``: ``d x 32``), then, in registers,
   ``P = 2**(S alpha - lse)`` (the exponential of :func:`._llvm._emit_exp2`, base-2
   units as the forward's) and ``dS = scale P (dP - delta)``, 0 where the tile's mask
@@ -18,7 +18,7 @@ element by element (no BLAS call):
   (:func:`_dscores32_bf16`) ``P`` and ``dS`` are rounded to bf16 when stored, and the
   exponential is the forward's bf16 one (:data:`._llvm._EXP2_POLY_BF16`, relative
   error at most 2.7e-6, two FMAs fewer an element);
-* :func:`_dkv32`: ``dV += P^T dO`` or ``dK += dS^T Q`` for 8 keys at a time, each
+* :func:`_dkv32`: ``dV += P^T dO`` or ``dK += dS^T Q`` for 8 keys at a time (4), each
   block over only the rows of each tile that see one of them (partial tiles);
 * :func:`_dq32`: ``dQ += dS K`` for 4 queries at a time, over only the keys they see,
   read and written in ``dQ``'s rows.
@@ -72,7 +72,7 @@ __all__ = ["_dscores32", "_dkv32", "_dq32", "_tile_ranges", "_GROUP", "_dscores3
            "_dkv32_bf16", "_dq32_bf16", "_exp_rows32", "_dscores32_amx", "_dkv32_amx",
            "_dq32_amx"]
 
-_GROUP = 4  # rows per register block: 4 rows x 4 vectors (or 2 x 2 x 4; _dkv32: 8 x 2)
+_GROUP = 4  # rows (keys) of a group in _tile_ranges' table, and of _dq32's register block
 # _dq32 asks for the ``dq`` rows of the group of rows 2 groups ahead (software prefetch):
 # they come from memory when the rows of a head outgrow the cache
 _DQ_AHEAD = 2
@@ -200,8 +200,8 @@ def _amx_dscores(builder, qp, dop, rp, ktp, vtp, r0, dw, pp, sp) -> None:
 
 def _dscores_codegen(bf16: bool, amx: bool = False):
     """The IR of :func:`_dscores32`, (``bf16``) of :func:`_dscores32_bf16` and (``amx``)
-    of :func:`_dscores32_amx`. A register block is ``G`` rows: 4, or 1 with 256-bit
-    vectors (:data:`._llvm._WIDE` false)."""
+    of :func:`_dscores32_amx`. A register block is ``G`` rows: 4, or 1 without AVX-512
+    (:data:`._llvm._WIDE` false)."""
 
     def codegen(context, builder, signature, args):
         G = _GROUP if bf16 or amx or _llvm._WIDE else 1
@@ -326,8 +326,8 @@ def _dscores32(typingctx, q, do, roff, kt, vt, m, d, alpha, lc, dl, bits, dscale
     vt[c*32 + j]``; ``pbuf[r*32 + j] = 2**(alpha s - lc[r])`` and ``sbuf[r*32 + j] =
     dscale * P * (dp - dl[r])`` where bit ``j`` of ``bits[r]`` is set, else 0 (a masked
     key, or a row without keys: ``bits[r] = 0``, ``lc[r]`` finite). The exponential is
-    :func:`._llvm._emit_exp2` (NaN stays NaN); the accumulators are 4 rows (1 with
-    256-bit vectors) x 2 vectors x (``S``, ``dP``), and a half of the keys that none of
+    :func:`._llvm._emit_exp2` (NaN stays NaN); the accumulators are 4 rows (1 without
+    AVX-512) x 2 vectors x (``S``, ``dP``), and a half of the keys that none of
     those rows sees is not multiplied."""
     return (types.none(q, do, roff, kt, vt, m, d, alpha, lc, dl, bits, dscale, pbuf, sbuf),
             _dscores_codegen(False))
@@ -433,7 +433,7 @@ def _dscores32_bf16(typingctx, q, do, roff, kt, vt, m, dw, alpha, lc, dl, bits, 
 def _dkv_codegen(bf16: bool):
     """The IR of :func:`_dkv32` and (``bf16``: a step is a pair of rows, interleaved in
     registers) of :func:`_dkv32_bf16`: blocks of ``G = 8`` keys x 2 vectors, each over
-    the rows either of its two groups of 4 keys sees; with 256-bit vectors
+    the rows either of its two groups of 4 keys sees; without AVX-512
     (:data:`._llvm._WIDE` false), 4 keys x 1 vector over their group's rows."""
 
     def codegen(context, builder, signature, args):
@@ -516,7 +516,7 @@ def _dkv32(typingctx, mat, src, roff, acc, nt, rng, d):  # pragma: no cover - co
     groups of 4 sees. Accumulators: 8 keys x 2 vectors (32 columns), then 1 vector for
     the rest of ``d``; a ``src`` row is loaded once per block of keys and each ``mat``
     entry broadcast: half as often as blocks of 4 keys x 4 vectors would (the same
-    gradients, bit for bit). With 256-bit vectors: 4 keys x 1 vector, over their
+    gradients, bit for bit). Without AVX-512: 4 keys x 1 vector, over their
     group's rows."""
     return types.none(mat, src, roff, acc, nt, rng, d), _dkv_codegen(False)
 
@@ -537,7 +537,7 @@ def _dkv32_bf16(typingctx, mat, src, roff, acc, nt, rng, d):  # pragma: no cover
 
 def _dq_codegen(bf16: bool):
     """The IR of :func:`_dq32` and (``bf16``: a step is a pair of keys) of
-    :func:`_dq32_bf16`: blocks of 4 rows x 4 vectors, or x 1 with 256-bit vectors
+    :func:`_dq32_bf16`: blocks of 4 rows x 4 vectors, or x 1 without AVX-512
     (:data:`._llvm._WIDE` false)."""
     G = _GROUP
 
@@ -608,8 +608,8 @@ def _dq32(typingctx, mat, kv, dst, roff, nt, rng, d):  # pragma: no cover - comp
     ``r = 32 t + i`` of a chunk of ``nt`` tiles against 32 key rows ``kv``: ``dQ += dS K``.
     Rows ``4g .. 4g+3`` of tile ``t`` take only keys ``rng[t*32 + 16 + 2g] <= j <
     rng[t*32 + 17 + 2g]`` (the others' ``mat`` entries are 0); a group that sees no
-    key is not read or written. Accumulators: 4 rows x 4 vectors (1 with 256-bit
-    vectors), loaded from and stored to ``dst``."""
+    key is not read or written. Accumulators: 4 rows x 4 vectors (1 without AVX-512),
+    loaded from and stored to ``dst``."""
     return types.none(mat, kv, dst, roff, nt, rng, d), _dq_codegen(False)
 
 

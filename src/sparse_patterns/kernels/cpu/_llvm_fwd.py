@@ -311,7 +311,7 @@ def _pv_codegen(bf16: bool = False):
 def _pv32_dense(typingctx, va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbuf, doff,
                 fresh):  # pragma: no cover - compiled
     """``O = diag(post) (diag(alpha) O + P V)`` for 32 queries, query-major, in blocks
-    of 8 queries over the key rows they can see (the rescale of the online softmax,
+    of 8 queries (4 without AVX-512) over the key rows they can see (the rescale of the online softmax,
     the product and the final normalization in one pass).
 
     ``O``: 32 x ``d`` row-major, read from ``obuf[ooff]`` and written to ``dbuf[doff]``
@@ -324,11 +324,12 @@ def _pv32_dense(typingctx, va, koff, st, obuf, ooff, alpha, post, lo, hi, d, dbu
     must be 0 outside each group's range, as it is for masked keys (their scores are
     ``-inf``). ``O`` rows are accumulated in 16 vector registers, 8 queries x 2 vectors
     (32 float32 columns), then 1 vector for the rest of ``d``, which must be a multiple
-    of the vector (16 float32, 8 float64); a value row is loaded once per block and
-    each ``P`` entry broadcast. Where a tile is partial (the band's first and last
+    of the vector (16 float32, 8 float64); without AVX-512, 4 queries (one group) x 1
+    vector. A value row is loaded once per block and each ``P`` entry broadcast. Where a tile is partial (the band's first and last
     tiles, a diagonal tile) this skips the rows that a BLAS ``gemm`` over the whole
     chunk multiplies by zero; a value row with an infinity or NaN makes NaN the rows
-    of every query of a block whose range holds it (``0 x inf``).
+    of every query of a block whose range holds it (``0 x inf``): of a group of 4
+    without AVX-512, of both groups of a block of 8 with it.
 
     Blocks of 8 queries read each value row half as often as blocks of 4 queries x 4
     vectors (the sums are the same, up to the sign of a zero)."""
@@ -365,8 +366,8 @@ def _scores_codegen(bf16: bool, amx: bool = False):
     """The IR of :func:`_scores32` (float32 or float64 FMAs), of :func:`_scores32_bf16`
     (``bf16``: ``vdpbf16ps`` on pairs of bf16 words) and of :func:`_scores32_amx`
     (``amx``: a tile's products by AMX into ``st`` first, then the same pass over them).
-    A register block is ``K`` keys x 32 queries: 8 (16 vector accumulators), or 2 with
-    256-bit vectors (:data:`._llvm._WIDE` false)."""
+    A register block is ``K`` keys x 32 queries: 8 (16 vector accumulators), or 2 without
+    AVX-512 (:data:`._llvm._WIDE` false)."""
 
     def codegen(context, builder, signature, args):
         K = 8 if bf16 or amx or _llvm._WIDE else 2
@@ -509,7 +510,7 @@ def _scores32(typingctx, k, koff, qt, st, ntile, d, alpha, tmask, t0, maskt,
 
     ``st[j*32 + r] = alpha * sum_c k[koff + j*d + c] * qt[c*32 + r]`` (``qt``: ``Q^T``,
     ``d x 32``), accumulated for 8 keys x 32 queries in 16 vector registers (2 keys
-    with 256-bit vectors); ``-inf`` where tile ``t``'s transposed mask (bit ``r`` of
+    without AVX-512); ``-inf`` where tile ``t``'s transposed mask (bit ``r`` of
     ``maskt[tmask[t0 + t]*32 + key]``) is unset, ``tmask < 0`` meaning a full tile (no
     mask applied); ``cmax[r]`` = max of itself and column ``r``, one ``vmaxps`` per
     vector. In a partial tile, the products of a group of keys with a half of the
