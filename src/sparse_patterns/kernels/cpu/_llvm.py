@@ -40,7 +40,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 __all__ = [
-    "_BLOCK", "_FM", "_LOG2E", "_AVX512", "_AVX512_BF16", "_WIDE", "_EXP2_POLY", "_EXP2_POLY_BF16", "_wide",
+    "_BLOCK", "_FM", "_LOG2E", "_AVX512", "_AVX512_BF16", "_WIDE", "_wide_blocks", "_EXP2_POLY", "_EXP2_POLY_BF16", "_wide",
     "_copy", "_copy_nt", "_zero", "_prefetch", "_pair_rows", "_dot_bf16", "_bits_to_f32", "_exp2f",
     "_transpose16", "_splat", "_BFloat", "_bf16_dot", "_mac", "_bf16_ok", "_emit_exp2",
     "_pack_bf16", "_cat_bf16", "_row_pairs", "_lane_order", "_transpose_regs",
@@ -266,6 +266,11 @@ _AVX512_DQ = _has_avx512("avx512dq")  # vreduceps (_emit_exp2's ``floor``)
 # registers, where the AVX-512 blocks spill their sums to the stack at every step; narrower
 # targets get these blocks too. Read as a pass compiles (a test compiles both).
 _WIDE = _AVX512
+
+
+def _wide_blocks() -> bool:
+    """:data:`_WIDE` as it is now (a test sets it before compiling a pass)."""
+    return _WIDE
 # Cephes' degree-6 polynomial for 2**r on [-1/2, 1/2], highest power first
 _EXP2_POLY = (1.535336188319500e-4, 1.339887440266574e-3, 9.618437357674640e-3,
               5.550332471162809e-2, 2.402264791363012e-1, 6.931472028550421e-1, 1.0)

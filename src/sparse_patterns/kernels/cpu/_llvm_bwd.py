@@ -44,7 +44,6 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from . import _llvm
 from ._amx import (
     _AMX,
     _amx_pairs_product,
@@ -66,6 +65,7 @@ from ._llvm import (
     _pack_bf16,
     _row_pairs,
     _splat,
+    _wide_blocks,
 )
 
 __all__ = ["_dscores32", "_dkv32", "_dq32", "_tile_ranges", "_GROUP", "_dscores32_bf16",
@@ -204,7 +204,7 @@ def _dscores_codegen(bf16: bool, amx: bool = False):
     (:data:`._llvm._WIDE` false)."""
 
     def codegen(context, builder, signature, args):
-        G = _GROUP if bf16 or amx or _llvm._WIDE else 1
+        G = _GROUP if bf16 or amx or _wide_blocks() else 1
         if not _f32(context, signature, 0) or (bf16 and not _AVX512_BF16):
             return context.get_dummy_value()
         if amx and not _AMX:
@@ -437,7 +437,7 @@ def _dkv_codegen(bf16: bool):
     (:data:`._llvm._WIDE` false), 4 keys x 1 vector over their group's rows."""
 
     def codegen(context, builder, signature, args):
-        G, C = (2 * _GROUP, 2) if bf16 or _llvm._WIDE else (_GROUP, 1)
+        G, C = (2 * _GROUP, 2) if bf16 or _wide_blocks() else (_GROUP, 1)
         if not _f32(context, signature, 0) or (bf16 and not _AVX512_BF16):
             return context.get_dummy_value()
         mp, sp, rp, ap = (_data(context, builder, signature, args, i) for i in range(4))
@@ -542,7 +542,7 @@ def _dq_codegen(bf16: bool):
     G = _GROUP
 
     def codegen(context, builder, signature, args):
-        C = 4 if bf16 or _llvm._WIDE else 1
+        C = 4 if bf16 or _wide_blocks() else 1
         if not _f32(context, signature, 0) or (bf16 and not _AVX512_BF16):
             return context.get_dummy_value()
         mp, kp, dp, rp = (_data(context, builder, signature, args, i) for i in range(4))

@@ -36,7 +36,6 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from . import _llvm
 from ._amx import (
     _amx_ok,
     _amx_pairs_product,
@@ -54,6 +53,7 @@ from ._llvm import (
     _pack_bf16,
     _row_pairs,
     _splat,
+    _wide_blocks,
 )
 
 __all__ = ["_exp32", "_exp32_bf16", "_pv32_amx", "_pv32_dense", "_pv32_dense_bf16",
@@ -144,11 +144,11 @@ def _pv_codegen(bf16: bool = False):
     row in 16 accumulators), block of keys by block of :data:`_PV_KEYS` (the partial sums
     stored in the output rows between blocks: the same sums, in the same order, as one
     pass over all keys); ``bf16``: of :func:`_pv32_dense_bf16`, a step being a pair of
-    keys (one ``vdpbf16ps`` per accumulator), by blocks of :data:`_PV_KEYS_BF16`. With
-    256-bit vectors (:data:`._llvm._WIDE` false), ``G = 4`` queries x ``C = 1`` vector."""
+    keys (one ``vdpbf16ps`` per accumulator), by blocks of :data:`_PV_KEYS_BF16`. Without
+    AVX-512 (:data:`._llvm._WIDE` false), ``G = 4`` queries x ``C = 1`` vector."""
 
     def codegen(context, builder, signature, args):
-        G, C = (8, 2) if bf16 or _llvm._WIDE else (4, 1)
+        G, C = (8, 2) if bf16 or _wide_blocks() else (4, 1)
         if bf16 and not _bf16_ok(context, signature.args[2]):
             return context.get_dummy_value()
         va_, ko_, st_, ob_, oo_, al_, po_, lo_, hi_, d_, db_, do_, fr_ = args
@@ -370,7 +370,7 @@ def _scores_codegen(bf16: bool, amx: bool = False):
     AVX-512 (:data:`._llvm._WIDE` false)."""
 
     def codegen(context, builder, signature, args):
-        K = 8 if bf16 or amx or _llvm._WIDE else 2
+        K = 8 if bf16 or amx or _wide_blocks() else 2
         if bf16 and not _bf16_ok(context, signature.args[3]):
             return context.get_dummy_value()
         if amx and not _amx_ok(context, signature.args[3]):
