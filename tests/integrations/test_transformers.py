@@ -100,12 +100,15 @@ def test_right_padding_and_packed_sequences_match_the_masked_reference():
     model.config._attn_implementation = REF
     want = model(input_ids=ids, attention_mask=pad).logits
     assert (got[0] - want[0]).abs().max() < 1e-10 and (got[1, :200] - want[1, :200]).abs().max() < 1e-10
-    pos = torch.cat([torch.arange(100), torch.arange(N - 100)])[None].expand(2, -1)  # packed
+    # packed: transformers reads documents off position_ids only without a cache
+    pos = torch.cat([torch.arange(100), torch.arange(N - 100)])[None].expand(2, -1)
     model.config._attn_implementation = backend.NAME
-    got = model(input_ids=ids, position_ids=pos).logits
+    got = model(input_ids=ids, position_ids=pos, use_cache=False).logits
     model.config._attn_implementation = REF
-    want = model(input_ids=ids, position_ids=pos).logits
+    want = model(input_ids=ids, position_ids=pos, use_cache=False).logits
     assert (got - want).abs().max() < 1e-10
+    second = model(input_ids=ids[:, 100:], use_cache=False).logits  # the second document alone
+    assert (got[:, 100:] - second).abs().max() < 1e-10
 
 
 @pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama-gqa"])
@@ -240,9 +243,6 @@ def test_refusals_are_one_line():
     with pytest.raises(ValueError, match=r"^patterns: n=128 is not the model's context length "
                                          r"256 \(config.max_position_embeddings\)"):
         backend.configure(_llama(), sps.make("strided", 128, stride=16))
-    two_way = sps.make("local", N, window=8, causal=False)
-    with pytest.raises(ValueError, match=r"^pattern: local is not causal, so it runs only"):
-        backend.configure(_llama(), two_way)(input_ids=ids[:, :100])
     gpt = _gpt2()
     gpt.config.attn_pdrop = 0.1
     gpt = transformers.GPT2LMHeadModel._from_config(gpt.config, attn_implementation=backend.NAME)
@@ -256,6 +256,124 @@ def test_refusals_are_one_line():
     sdpa = transformers.LlamaForCausalLM._from_config(_llama().config, attn_implementation="sdpa")
     with pytest.raises(ValueError, match=r"^model: built with attn_implementation='sdpa'"):
         backend.configure(sdpa, SCHEDULES["strided"])
+
+
+def _attention_inputs(B=2, L=64, S=64, seed=8):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, 4, L, 8, generator=g, dtype=torch.float64),
+            torch.randn(B, 2, S, 8, generator=g, dtype=torch.float64),
+            torch.randn(B, 2, S, 8, generator=g, dtype=torch.float64))
+
+
+def _small_llama(pattern, n=64):
+    cfg = _llama(1).config
+    cfg.max_position_embeddings = n
+    model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation=backend.NAME)
+    return backend.configure(model, pattern), model.model.layers[0].self_attn
+
+
+def test_masks_of_batch_one_and_additive_masks_equal_boolean_ones():
+    """A packed mask of batch 1 applies to every batch row (as SDPA broadcasts it), and an
+    additive mask (0 and -inf, the dtype's minimum or -1e9) reads as the boolean one."""
+    _, layer = _small_llama(sps.make("strided", 64, stride=8))
+    q, k, v = _attention_inputs()
+    i, j = torch.arange(64)[:, None], torch.arange(64)[None, :]
+    doc = torch.arange(64) >= 20
+    mask = ((doc[:, None] == doc[None, :]) & (j <= i))[None, None]  # two documents
+    want, _ = backend.attention_forward(layer, q, k, v, mask.expand(2, -1, -1, -1))
+    got, _ = backend.attention_forward(layer, q, k, v, mask)
+    assert torch.equal(got, want)
+    for off in (-torch.inf, torch.finfo(torch.float64).min, -1e9):
+        add = torch.zeros(1, 1, 64, 64, dtype=torch.float64).masked_fill(~mask, off)
+        assert torch.equal(backend.attention_forward(layer, q, k, v, add)[0], want)
+    alone = backend.attention_forward(layer, q[:, :, 20:], k[:, :, 20:], v[:, :, 20:], None)[0]
+    assert (want[:, 20:] - alone).abs().max().item() < 1e-12  # the second document alone
+
+
+def test_what_the_pattern_cannot_express_is_refused():
+    """Masks per head, biases, soft-capping, sinks, attention weights, a sliding window, a
+    non-causal pattern in a causal layer: one line each, naming the argument."""
+    _, layer = _small_llama(sps.make("strided", 64, stride=8))
+    q, k, v = _attention_inputs()
+    causal = torch.ones(64, 64, dtype=torch.bool).tril()
+    with pytest.raises(ValueError, match=r"^attention_mask: shape \(2, 4, 64, 64\), expected"):
+        backend.attention_forward(layer, q, k, v, causal.expand(2, 4, -1, -1))
+    bias = torch.zeros(1, 1, 64, 64, dtype=torch.float64).masked_fill(~causal, -torch.inf)
+    with pytest.raises(ValueError, match=r"^attention_mask: an additive mask holds -0.5, a bias"):
+        backend.attention_forward(layer, q, k, v, bias - 0.5 * causal)
+    for kw in ({"softcap": 30.0}, {"s_aux": torch.zeros(4)},
+               {"position_bias": torch.zeros(1, 4, 64, 64)}):
+        name = next(iter(kw))
+        with pytest.raises(ValueError, match=f"^{name}: the model asks for"):
+            backend.attention_forward(layer, q, k, v, None, **kw)
+    with pytest.raises(ValueError, match=r"^output_attentions: the sparse backend returns no"):
+        backend.attention_forward(layer, q, k, v, None, output_attentions=True)
+    with pytest.raises(ValueError, match=r"^sliding_window: layer 0 attends a window of 16 over"):
+        backend.attention_forward(layer, q, k, v, None, sliding_window=16)
+    backend.attention_forward(layer, q, k, v, None, sliding_window=64)  # no window at 64 keys
+    two_way = sps.make("local", 64, window=8, causal=False)
+    with pytest.raises(ValueError, match=r"^patterns: local is not causal, but layer 0 attends"):
+        _small_llama(two_way)
+    setattr(layer, backend._ATTR, (two_way, "merged", "auto", None))
+    with pytest.raises(ValueError, match=r"^pattern: local is not causal, but layer 0 attends"):
+        backend.attention_forward(layer, q, k, v, None)
+
+
+def _bert(n=64):
+    cfg = transformers.BertConfig(num_hidden_layers=1, num_attention_heads=4, hidden_size=32,
+                                  intermediate_size=64, vocab_size=37, max_position_embeddings=n,
+                                  attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0)
+    return transformers.BertModel._from_config(cfg, attn_implementation=backend.NAME).double()
+
+
+def test_a_bidirectional_layer_runs_the_pattern_alone():
+    """In an encoder (BERT) the pattern is all the layer attends: a non-causal pattern
+    equals transformers' SDPA with it as the mask; it runs only full-length sequences."""
+    torch.manual_seed(0)
+    pattern = sps.make("local", 64, window=8, causal=False)
+    model = backend.configure(_bert().eval(), pattern)
+    layer = backend._attention_layers(model)[0]
+    assert layer.is_causal is False
+    q, k, v = _attention_inputs()
+    k, v = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)  # BERT: a key head per head
+    got, _ = backend.attention_forward(layer, q, k, v, None)
+    mask = torch.from_numpy(pattern.union().toarray())
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert (got - want.transpose(1, 2)).abs().max().item() < 1e-12
+    ids = torch.randint(1, 37, (2, 64), generator=torch.Generator().manual_seed(9))
+    later = ids.clone()
+    later[:, 5] = (later[:, 5] + 1) % 37  # within position 0's window, after it
+    with torch.no_grad():
+        a, b = (model(input_ids=x).last_hidden_state for x in (ids, later))
+    assert (a[:, 0] - b[:, 0]).abs().max().item() > 1e-6
+    with pytest.raises(ValueError, match=r"^pattern: local is not causal, so it runs only"):
+        model(input_ids=ids[:, :40])
+
+
+def test_encoder_decoders_and_cross_attention_are_refused():
+    bart = transformers.BartConfig(encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                                   decoder_attention_heads=4, d_model=32, encoder_ffn_dim=64,
+                                   decoder_ffn_dim=64, vocab_size=37, max_position_embeddings=N)
+    bart = transformers.BartModel._from_config(bart, attn_implementation=backend.NAME)
+    with pytest.raises(ValueError, match=r"^model: BartModel is an encoder-decoder"):
+        backend.configure(bart, SCHEDULES["strided"])
+    gpt = _gpt2().config
+    gpt.add_cross_attention = True
+    gpt = transformers.GPT2LMHeadModel._from_config(gpt, attn_implementation=backend.NAME)
+    with pytest.raises(ValueError, match=r"^model: GPT2LMHeadModel has cross-attention layers"):
+        backend.configure(gpt, SCHEDULES["strided"])
+
+
+def test_the_head_check_reads_a_composite_models_text_config():
+    text = _three_heads().config
+    vision = transformers.CLIPVisionConfig(num_hidden_layers=1, num_attention_heads=2,
+                                           hidden_size=16, intermediate_size=32, image_size=16,
+                                           patch_size=8)
+    cfg = transformers.LlavaConfig(text_config=text, vision_config=vision, image_token_id=36)
+    llava = transformers.LlavaForConditionalGeneration._from_config(
+        cfg, attn_implementation=backend.NAME)
+    with pytest.raises(ValueError, match=r"^patterns: strided has 2 heads, which cannot map"):
+        backend.configure(llava, SCHEDULES["strided"], mode="multihead")
 
 
 def _three_heads():

@@ -19,8 +19,15 @@ Masks: a causal mask, with or without right padding, is the pattern itself (a pa
 query row attends what the pattern gives it; no real token attends a pad, which
 comes after it); packed sequences (a block-diagonal causal mask, from
 ``position_ids`` that restart) become the family's packed documents, one call per
-distinct packing. Any other mask (left padding, a custom 4D mask) is refused in
-one line, never ignored.
+distinct packing. A mask is boolean or additive (0, and -inf or at most -1e4 where
+masked), one for every head, of the batch's size or 1. Any other mask (left padding,
+a custom 4D mask, a bias on the scores) is refused in one line, never ignored, and so
+is what the pattern cannot express: soft-capped scores, attention sinks, a position
+bias, a sliding window shorter than the keys, attention weights
+(``output_attentions``), cross-attention and encoder-decoder models.
+
+Causality: a causal layer (a decoder's) needs a causal pattern; in a bidirectional
+layer (an encoder's) the pattern is all it attends.
 
 ``generate()`` with a KV cache (dynamic or static): the prompt runs as a shorter
 sequence (a prompt under ``n / 16`` tokens, needing no gradients, gathers its rows
@@ -88,6 +95,12 @@ def _attention_layers(model: Any) -> list[Any]:
     return [layers[i] for i in sorted(layers)]
 
 
+def _is_cross_attention(module: Any) -> bool:
+    """A cross-attention module, as transformers' models mark or name them."""
+    return (getattr(module, "is_cross_attention", False) is True
+            or type(module).__name__.endswith("CrossAttention"))
+
+
 def configure(model: Any, patterns: Pattern | Sequence[Pattern], *, mode: str = "merged",
               impl: str = "auto", block: int | None = None) -> Any:
     """Give every attention layer of ``model`` its pattern; returns ``model``.
@@ -137,6 +150,15 @@ def configure(model: Any, patterns: Pattern | Sequence[Pattern], *, mode: str = 
     pats = [patterns] if isinstance(patterns, Pattern) else list(patterns)
     if not pats or not all(isinstance(p, Pattern) for p in pats):
         raise ValueError("patterns: give a Pattern or a non-empty sequence of Patterns")
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError(f"model: {type(model).__name__} is an encoder-decoder; the backend runs "
+                         "decoder-only models (a cross-attention's keys are another sequence, "
+                         "which a pattern over one sequence does not describe)")
+    cross = [type(m).__name__ for m in model.modules() if _is_cross_attention(m)]
+    if cross:
+        raise ValueError(f"model: {type(model).__name__} has cross-attention layers ({cross[0]}), "
+                         "whose keys are another sequence, which a pattern over one sequence "
+                         "does not describe")
     layers = _attention_layers(model)
     if not layers:
         raise ValueError(f"model: no attention layers found in {type(model).__name__}")
@@ -157,7 +179,12 @@ def configure(model: Any, patterns: Pattern | Sequence[Pattern], *, mode: str = 
         raise ValueError(f"patterns: n={pats[0].n} is not the model's context length "
                          f"{context} (config.max_position_embeddings); make the patterns "
                          f"at n={context}")
-    heads = getattr(model.config, "num_attention_heads", None)
+    heads = getattr(text, "num_attention_heads", None)
+    for i, layer in enumerate(layers):
+        p = pats[i % len(pats)]
+        if getattr(layer, "is_causal", True) and not p.causal:
+            raise ValueError(f"patterns: {p.name} is not causal, but layer {i} attends causally "
+                             "(a decoder's self-attention); give causal patterns")
     for p in pats:
         if mode == "multihead" and heads is not None and heads % p.num_heads:
             raise ValueError(
@@ -174,11 +201,23 @@ def configure(model: Any, patterns: Pattern | Sequence[Pattern], *, mode: str = 
 _ROWS = 256
 
 
+#: An additive mask's entries at or below this mask their pair: ``exp`` of it is 0 in float64.
+_MASKED = -1e4
+
+
 def _allowed(mask: Any) -> Any:
-    """The pairs a mask lets attend: a boolean mask as it is, an additive one where 0."""
+    """The pairs a mask lets attend: a boolean mask as it is, an additive one where 0 (its
+    other entries must mask: -inf, the dtype's minimum or at most :data:`_MASKED`)."""
     import torch  # noqa: PLC0415
 
-    return mask if mask.dtype == torch.bool else mask == 0
+    if mask.dtype == torch.bool:
+        return mask
+    ok = mask == 0
+    if not bool((ok | (mask <= _MASKED)).all()):
+        bias = mask[~ok & (mask > _MASKED)][0].item()
+        raise ValueError(f"attention_mask: an additive mask holds {bias:g}, a bias on the scores "
+                         f"(only 0 and masking values <= {_MASKED:g} map to a pattern)")
+    return ok
 
 
 def _documents_of(mask: Any) -> list[tuple[int, ...] | None] | None:
@@ -248,8 +287,26 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
     if dropout:
         raise ValueError(f"dropout: the sparse backend runs with attention dropout 0, got "
                          f"{dropout} (set the config's attention dropout to 0)")
+    for name, what in _UNSUPPORTED.items():
+        if kwargs.get(name) is not None:
+            raise ValueError(f"{name}: the model asks for {what}, which the sparse backend "
+                             "does not compute")
+    if kwargs.get("output_attentions"):
+        raise ValueError("output_attentions: the sparse backend returns no attention weights "
+                         "(run the model with output_attentions=False)")
+    causal = kwargs.get("is_causal")
+    causal = bool(getattr(module, "is_causal", True) if causal is None else causal)
+    if causal and not pattern.causal:
+        raise ValueError(f"pattern: {pattern.name} is not causal, but layer "
+                         f"{getattr(module, 'layer_idx', '?')} attends causally; give a causal "
+                         "pattern")
     B, H, L, d = query.shape
     S, n = key.shape[2], pattern.n
+    window = kwargs.get("sliding_window")
+    if window is not None and window < S:
+        raise ValueError(f"sliding_window: layer {getattr(module, 'layer_idx', '?')} attends a "
+                         f"window of {window} over {S} keys, which the sparse backend does not "
+                         "intersect with the pattern (give the window as the pattern)")
     if S > n:
         raise ValueError(f"pattern: n={n} is shorter than the sequence, {S} positions "
                          f"(keys, cached ones included); the pattern's n bounds the context")
@@ -259,17 +316,25 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
     Hk = key.shape[1]
     if H % Hk:
         raise ValueError(f"key: {Hk} key heads do not divide the {H} query heads")
+    if L != S and not causal:
+        raise ValueError(f"key: {S} keys for {L} queries in a bidirectional layer (cross-attention "
+                         "or a cache); the sparse backend runs those only in causal layers")
     if L != S:  # decode steps against a KV cache
         start = _first_position(attention_mask, L, S, kwargs.get("position_ids"))
         out = _decoded(query, key, value, pattern, mode, scaling, start)
         return out.transpose(1, 2).contiguous(), None
     docs = None
     if attention_mask is not None:
+        if attention_mask.ndim != 4 or attention_mask.shape[0] not in (1, B) or tuple(
+                attention_mask.shape[1:]) != (1, L, S):
+            raise ValueError(f"attention_mask: shape {tuple(attention_mask.shape)}, expected "
+                             f"({B} or 1, 1, {L}, {S}): one mask for every head")
         docs = _documents_of(attention_mask)
         if docs is None:
             raise ValueError(
                 "attention_mask: only causal masks, right padding and packed sequences map "
                 "to the pattern; got another mask (left padding or a custom mask)")
+        docs = docs * B if len(docs) < B else docs  # a mask of batch 1, broadcast
     grads = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     if S * _SHORT < n and not grads and (docs is None or all(x is None for x in docs)):
         # a short prompt of a long-context model: its rows gathered, not a tail of n - S
@@ -298,6 +363,10 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
                                         scale=scaling, impl=impl, block=block)
     return out[:, :, :S].transpose(1, 2).contiguous(), None
 
+
+#: Arguments of transformers' attention functions that change what attention computes.
+_UNSUPPORTED = {"softcap": "tanh soft-capped scores", "s_aux": "attention sinks",
+                "position_bias": "a bias on the scores"}
 
 #: A sequence this many times shorter than ``n``, run without gradients (a prompt), gathers
 #: its rows (:func:`_decoded`) instead of running the kernel on a zero tail up to ``n``.
