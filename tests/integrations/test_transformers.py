@@ -195,7 +195,7 @@ def test_half_decode_steps_match_float64_within_rounding(dtype):
             assert (got[:, r, h].double() - want).abs().max().item() < tol
 
 
-def test_a_sliding_window_cache_is_refused():
+def test_a_sliding_window_is_refused_where_it_binds():
     cfg = transformers.MistralConfig(num_hidden_layers=1, num_attention_heads=4,
                                      num_key_value_heads=2, hidden_size=32,
                                      intermediate_size=64, vocab_size=37,
@@ -207,6 +207,14 @@ def test_a_sliding_window_cache_is_refused():
     with pytest.raises(ValueError, match=r"^position_ids: queries at positions \[16\]"):
         model.generate(input_ids=torch.ones(1, 10, dtype=torch.long), max_new_tokens=20,
                        do_sample=False, pad_token_id=0)
+    ids = torch.randint(1, 37, (1, N), generator=torch.Generator().manual_seed(10))
+    with pytest.raises(ValueError, match=r"^attention_mask: .* a sliding window that binds"):
+        model(input_ids=ids)  # the window in the model's mask
+    pos = torch.arange(N) % 16  # packed documents no longer than the window: it never binds
+    with torch.no_grad():
+        got = model(input_ids=ids, position_ids=pos[None], use_cache=False).logits
+        alone = model(input_ids=ids[:, 48:64], use_cache=False).logits
+    assert (got[:, 48:64] - alone).abs().max().item() < 1e-5
 
 
 def test_a_model_trains_with_the_backend():
@@ -291,8 +299,8 @@ def test_masks_of_batch_one_and_additive_masks_equal_boolean_ones():
 
 
 def test_what_the_pattern_cannot_express_is_refused():
-    """Masks per head, biases, soft-capping, sinks, attention weights, a sliding window, a
-    non-causal pattern in a causal layer: one line each, naming the argument."""
+    """Masks per head, biases, soft-capping, sinks, attention weights, a non-causal
+    pattern in a causal layer: one line each, naming the argument."""
     _, layer = _small_llama(sps.make("strided", 64, stride=8))
     q, k, v = _attention_inputs()
     causal = torch.ones(64, 64, dtype=torch.bool).tril()
@@ -308,9 +316,8 @@ def test_what_the_pattern_cannot_express_is_refused():
             backend.attention_forward(layer, q, k, v, None, **kw)
     with pytest.raises(ValueError, match=r"^output_attentions: the sparse backend returns no"):
         backend.attention_forward(layer, q, k, v, None, output_attentions=True)
-    with pytest.raises(ValueError, match=r"^sliding_window: layer 0 attends a window of 16 over"):
-        backend.attention_forward(layer, q, k, v, None, sliding_window=16)
-    backend.attention_forward(layer, q, k, v, None, sliding_window=64)  # no window at 64 keys
+    with pytest.raises(ValueError, match=r"^attention_mask: an additive mask holds nan"):
+        backend.attention_forward(layer, q, k, v, bias.masked_fill(causal, torch.nan))
     two_way = sps.make("local", 64, window=8, causal=False)
     with pytest.raises(ValueError, match=r"^patterns: local is not causal, but layer 0 attends"):
         _small_llama(two_way)

@@ -23,8 +23,10 @@ distinct packing. A mask is boolean or additive (0, and -inf or at most -1e4 whe
 masked), one for every head, of the batch's size or 1. Any other mask (left padding,
 a custom 4D mask, a bias on the scores) is refused in one line, never ignored, and so
 is what the pattern cannot express: soft-capped scores, attention sinks, a position
-bias, a sliding window shorter than the keys, attention weights
-(``output_attentions``), cross-attention and encoder-decoder models.
+bias, attention weights (``output_attentions``), cross-attention and encoder-decoder
+models. A sliding window comes in the model's mask, as for SDPA: refused where it
+binds (a query with keys further back in its document than the window), else the
+same mask as without it.
 
 Causality: a causal layer (a decoder's) needs a causal pattern; in a bidirectional
 layer (an encoder's) the pattern is all it attends.
@@ -213,8 +215,9 @@ def _allowed(mask: Any) -> Any:
     if mask.dtype == torch.bool:
         return mask
     ok = mask == 0
-    if not bool((ok | (mask <= _MASKED)).all()):
-        bias = mask[~ok & (mask > _MASKED)][0].item()
+    bad = ~(ok | (mask <= _MASKED))  # NaN included
+    if bool(bad.any()):
+        bias = mask[bad][0].item()
         raise ValueError(f"attention_mask: an additive mask holds {bias:g}, a bias on the scores "
                          f"(only 0 and masking values <= {_MASKED:g} map to a pattern)")
     return ok
@@ -302,11 +305,6 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
                          "pattern")
     B, H, L, d = query.shape
     S, n = key.shape[2], pattern.n
-    window = kwargs.get("sliding_window")
-    if window is not None and window < S:
-        raise ValueError(f"sliding_window: layer {getattr(module, 'layer_idx', '?')} attends a "
-                         f"window of {window} over {S} keys, which the sparse backend does not "
-                         "intersect with the pattern (give the window as the pattern)")
     if S > n:
         raise ValueError(f"pattern: n={n} is shorter than the sequence, {S} positions "
                          f"(keys, cached ones included); the pattern's n bounds the context")
@@ -333,7 +331,8 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
         if docs is None:
             raise ValueError(
                 "attention_mask: only causal masks, right padding and packed sequences map "
-                "to the pattern; got another mask (left padding or a custom mask)")
+                "to the pattern; got another mask (left padding, a sliding window that "
+                "binds, or a custom mask)")
         docs = docs * B if len(docs) < B else docs  # a mask of batch 1, broadcast
     grads = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     if S * _SHORT < n and not grads and (docs is None or all(x is None for x in docs)):
