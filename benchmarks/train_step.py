@@ -22,6 +22,9 @@ give this model here (Amdahl's law), ``attention`` the step minus the dense part
 dense part's matrix products are put against torch's fp32 4096^2 matmul rate and the
 FMA peak, both measured in the same run.
 
+The process keeps the memory a step frees, as the example's training processes do
+(:func:`char_lm.keep_freed_memory`); the heading says whether the C library took it.
+
 The machine is shared and drifts, so each of ``--rounds`` rounds times every model once
 (the best of ``--repeats`` steps), the order reversed every other round; each figure is
 from the best times over all rounds, with the median over rounds of the ratio taken
@@ -126,7 +129,8 @@ def measure(args: argparse.Namespace) -> str:
     peak = max(peaks) / 1e9
     lines = [f"context {args.context}, batch {args.batch} ({tok:,} tokens a step), "
              f"{args.layers} layers, {args.heads} heads, d_model {args.d_model}, {args.dtype}; "
-             f"{args.rounds} rounds, best of {args.repeats} steps each",
+             f"{args.rounds} rounds, best of {args.repeats} steps each; freed memory "
+             f"{'kept (glibc)' if args.kept else 'returned to the system'}",
              "",
              "| model | s / step | tokens/s | x full (median) | attention s / step |",
              "|---|---|---|---|---|"]
@@ -160,6 +164,7 @@ def main() -> None:
                     help="write the section of docs/benchmarks.md for this machine")
     args = ap.parse_args()
     args.layers, args.heads, args.d_model, args.seed = 4, 4, 256, 0
+    args.kept = char_lm.keep_freed_memory()
     blocks = []
     for n in (int(c) for c in args.context.split(",") if c):
         if n < 256 or n & (n - 1):

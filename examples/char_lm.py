@@ -123,10 +123,35 @@ def model_of(args, pats, device):
     return CharLM().to(device)
 
 
+def keep_freed_memory() -> bool:
+    """Have glibc's ``malloc`` keep the memory a training step frees for the next one.
+
+    A step frees and allocates the same large activations again. By default glibc hands
+    blocks above its mmap threshold (32 MB at most) back to the system when they are
+    freed, and trims the heap's free top above twice that; the next step then takes
+    them again a page at a time, each page faulted in and zeroed by the kernel: tens of
+    thousands of faults a step at this model's size. Thresholds of 1 GiB keep that
+    memory in the process, as the caching allocators (jemalloc, tcmalloc) that
+    PyTorch's CPU performance guide recommends do; peak memory grows by what a step
+    frees. Returns whether the C library took the settings (False, and nothing
+    changed, where it is not glibc).
+    """
+    import ctypes
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    libc = ctypes.CDLL("libc.so.6")
+    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
+    return bool(libc.mallopt(m_mmap_threshold, 1 << 30)) and bool(
+        libc.mallopt(m_trim_threshold, 1 << 30))
+
+
 def train_one(args) -> dict:
     """Train the pattern ``args.only``; the result as a dict (printed as JSON)."""
     import torch
 
+    keep_freed_memory()
     torch.set_num_threads(args.threads or torch.get_num_threads())
     device = torch.device(args.device)
     data = corpus(args.corpus_bytes)
