@@ -203,6 +203,10 @@ def configure(model: Any, patterns: Pattern | Sequence[Pattern], *, mode: str = 
 _ROWS = 256
 
 
+#: Arguments of transformers' attention functions that change what attention computes.
+_UNSUPPORTED = {"softcap": "tanh soft-capped scores", "s_aux": "attention sinks",
+                "position_bias": "a bias on the scores"}
+
 #: An additive mask's entries at or below this mask their pair: ``exp`` of it is 0 in float64.
 _MASKED = -1e4
 
@@ -314,19 +318,20 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
     Hk = key.shape[1]
     if H % Hk:
         raise ValueError(f"key: {Hk} key heads do not divide the {H} query heads")
-    if L != S and not causal:
-        raise ValueError(f"key: {S} keys for {L} queries in a bidirectional layer (cross-attention "
-                         "or a cache); the sparse backend runs those only in causal layers")
+    if attention_mask is not None and (attention_mask.ndim != 4 or attention_mask.shape[0] not in
+                                       (1, B) or tuple(attention_mask.shape[1:]) != (1, L, S)):
+        raise ValueError(f"attention_mask: shape {tuple(attention_mask.shape)}, expected "
+                         f"({B} or 1, 1, {L}, {S}): one mask for every head")
     if L != S:  # decode steps against a KV cache
+        if not causal:
+            raise ValueError(f"key: {S} keys for {L} queries in a bidirectional layer "
+                             "(cross-attention or a cache); the sparse backend runs those only in "
+                             "causal layers")
         start = _first_position(attention_mask, L, S, kwargs.get("position_ids"))
         out = _decoded(query, key, value, pattern, mode, scaling, start)
         return out.transpose(1, 2).contiguous(), None
     docs = None
     if attention_mask is not None:
-        if attention_mask.ndim != 4 or attention_mask.shape[0] not in (1, B) or tuple(
-                attention_mask.shape[1:]) != (1, L, S):
-            raise ValueError(f"attention_mask: shape {tuple(attention_mask.shape)}, expected "
-                             f"({B} or 1, 1, {L}, {S}): one mask for every head")
         docs = _documents_of(attention_mask)
         if docs is None:
             raise ValueError(
@@ -363,10 +368,6 @@ def attention_forward(module: Any, query: Any, key: Any, value: Any, attention_m
     return out[:, :, :S].transpose(1, 2).contiguous(), None
 
 
-#: Arguments of transformers' attention functions that change what attention computes.
-_UNSUPPORTED = {"softcap": "tanh soft-capped scores", "s_aux": "attention sinks",
-                "position_bias": "a bias on the scores"}
-
 #: A sequence this many times shorter than ``n``, run without gradients (a prompt), gathers
 #: its rows (:func:`_decoded`) instead of running the kernel on a zero tail up to ``n``.
 _SHORT = 16
@@ -396,13 +397,11 @@ def _first_position(mask: Any, L: int, S: int, position_ids: Any = None) -> int:
 
 
 def _masked_start(mask: Any, L: int, S: int) -> int:
-    """:func:`_first_position`'s start read off a ``(B, 1, L, S)`` mask."""
+    """:func:`_first_position`'s start read off a ``(B, 1, L, S)`` mask (its shape checked
+    by :func:`attention_forward`)."""
     import torch  # noqa: PLC0415
 
     B = mask.shape[0]
-    if mask.ndim != 4 or tuple(mask.shape[1:]) != (1, L, S):
-        raise ValueError(f"attention_mask: shape {tuple(mask.shape)}, expected (batch, 1, {L}, "
-                         f"{S}) for {L} queries on {S} keys")
     start = int(_allowed(mask[0, 0, 0]).sum()) - 1
     idx = torch.arange(S, device=mask.device)
     for a in range(0, L, _ROWS):
