@@ -33,6 +33,9 @@ def _strided_union_rows(n: int, l: int) -> np.ndarray:
     return np.minimum(i, l) + 1 + np.maximum(0, i // l - 1)
 
 
+pytestmark = pytest.mark.xdist_group("profile-small-table")  # one worker: one small_table
+
+
 # ------------------------------------------------------------------ fields and FLOPs
 @pytest.fixture(scope="module")
 def small_table() -> ProfileTable:

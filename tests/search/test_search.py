@@ -21,7 +21,7 @@ pytest.importorskip("pyarrow")
 
 # dask's scheduling order, asserted below, shifts when another pytest-xdist worker
 # takes the cores: these run while no other test does (conftest.py)
-pytestmark = pytest.mark.alone
+pytestmark = [pytest.mark.alone, pytest.mark.xdist_group("search-cluster")]
 
 from distributed.diagnostics.plugin import SchedulerPlugin  # noqa: E402
 
