@@ -232,6 +232,18 @@ def main() -> int:
             ap.error(f"--{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}")
     if args.d_model % args.heads:
         ap.error(f"--d-model: {args.d_model} is not a multiple of --heads {args.heads}")
+    if args.device != "cpu":  # before a training process starts, not as its traceback
+        import torch
+
+        try:
+            kind = torch.device(args.device).type
+        except RuntimeError:
+            ap.error(f"--device: {args.device!r} is not a torch device; cpu or cuda")
+        if kind not in ("cpu", "cuda"):
+            ap.error(f"--device: {args.device!r}; cpu or cuda")
+        if kind == "cuda" and not torch.cuda.is_available():
+            ap.error(f"--device: {args.device!r}, but this torch ({torch.__version__}) sees no "
+                     "CUDA device; cpu or cuda")
     if args.only:
         print(json.dumps(train_one(args)), flush=True)
         return 0
@@ -263,8 +275,8 @@ def main() -> int:
     print("| pattern | held-out bits/char | tokens/s | x full | peak MB |")
     print("|---|---|---|---|---|")
     for r in results:
-        ratio = r["tokens_per_s"] / full["tokens_per_s"] if full else float("nan")
-        print(f"| {r['pattern']} | {r['bpc']:.3f} | {r['tokens_per_s']:,.0f} | {ratio:.2f}x "
+        ratio = f"{r['tokens_per_s'] / full['tokens_per_s']:.2f}x" if full else "-"
+        print(f"| {r['pattern']} | {r['bpc']:.3f} | {r['tokens_per_s']:,.0f} | {ratio} "
               f"| {r['peak_mb']:,.0f} |")
     import matplotlib
 

@@ -56,3 +56,26 @@ def test_char_lm_trains_two_patterns_and_draws_the_figure(tmp_path):
     bpc = [float(r[2]) for r in rows[1:]]
     assert all(0 < b < 8 for b in bpc)  # a byte model: at most 8 bits, if it learnt nothing
     assert fig.stat().st_size > 0
+
+
+@pytest.mark.parametrize(("device", "line"), [
+    ("tpu", "--device: 'tpu' is not a torch device; cpu or cuda"),
+    ("meta", "--device: 'meta'; cpu or cuda"),
+])
+def test_char_lm_refuses_a_device_before_training(device, line):
+    res = subprocess.run([sys.executable, str(EXAMPLES / "char_lm.py"), "--device", device],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and res.stderr.splitlines()[-1] == f"char_lm.py: error: {line}"
+    assert "Traceback" not in res.stderr and res.stdout == ""
+
+
+def test_char_lm_refuses_cuda_where_torch_sees_none():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this torch sees a CUDA device")
+    res = subprocess.run([sys.executable, str(EXAMPLES / "char_lm.py"), "--device", "cuda"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and res.stderr.splitlines()[-1] == (
+        f"char_lm.py: error: --device: 'cuda', but this torch ({torch.__version__}) sees no CUDA "
+        "device; cpu or cuda")
