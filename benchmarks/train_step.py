@@ -163,12 +163,19 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true",
                     help="write the section of docs/benchmarks.md for this machine")
     args = ap.parse_args()
+    for flag in ("batch", "rounds", "repeats"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag}: must be >= 1, got {getattr(args, flag)}")
+    contexts = [c.strip() for c in args.context.split(",") if c.strip()]
+    for c in contexts:
+        if not c.isdigit() or int(c) < 256 or int(c) & (int(c) - 1):
+            ap.error(f"--context: {c!r} must be a power of two >= 256")
+    if not contexts:
+        ap.error(f"--context: {args.context!r} names no context; powers of two >= 256")
     args.layers, args.heads, args.d_model, args.seed = 4, 4, 256, 0
     args.kept = char_lm.keep_freed_memory()
     blocks = []
-    for n in (int(c) for c in args.context.split(",") if c):
-        if n < 256 or n & (n - 1):
-            ap.error(f"--context: {n} must be a power of two >= 256")
+    for n in map(int, contexts):
         args.context = n
         blocks.append(measure(args))
         print(blocks[-1] + "\n", flush=True)
