@@ -54,7 +54,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     0 compiles its float32 kernels (forward and backward: two pieces per head, a pair, one
     piece) and worker 1 its float64 ones, before their first test. A kernel is compiled once
     per dtype, a few minutes of a cold run; without this each worker compiles both dtypes
-    as its tests first reach them, while with it each loads the other's from numba's cache."""
+    as its tests first reach them, while with it each loads the other's from numba's cache.
+    Worker 1 first compiles the verifiers' kernels (structured, generic, schedule: about
+    half a minute), in which time worker 0 compiles the planner's (dtype-free) and worker 1
+    then loads them, instead of both compiling them at once."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) < 2 or worker not in ("gw0", "gw1"):
         return
@@ -69,6 +72,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if jit_disabled() is not None:
         return
     dtype = torch.float32 if worker == "gw0" else torch.float64
+    if worker == "gw1":
+        for pat in (sps.make("strided", 64, stride=8), sps.make("fixed", 64, stride=8, c=2)):
+            sps.verify(pat)
+        sps.verify(sps.make("strided", 64, stride=8), method="generic")
+        sps.verify_schedule([sps.make("local", 64, window=3)] * 2 + [sps.make("full", 64)])
     for name, n, params, mode in (("strided", 1024, {"stride": 32}, "merged"),
                                   ("fixed", 1500, {"stride": 64, "c": 16}, "merged"),
                                   ("strided", 1024, {"stride": 32}, "multihead")):
