@@ -15,6 +15,12 @@ pytest.importorskip("matplotlib")
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
+
+def _char_lm(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python examples/char_lm.py *argv``, its output captured."""
+    return subprocess.run([sys.executable, str(EXAMPLES / "char_lm.py"), *argv],
+                          capture_output=True, text=True, timeout=timeout)
+
 _CHURN = """
 import resource, sys
 sys.path.insert(0, {examples!r})
@@ -47,11 +53,9 @@ def test_keep_freed_memory_stops_a_step_faulting_its_memory_back_in():
 
 def test_char_lm_trains_two_patterns_and_draws_the_figure(tmp_path):
     fig = tmp_path / "curves.png"
-    res = subprocess.run(
-        [sys.executable, str(EXAMPLES / "char_lm.py"), "--patterns", "full,strided",
-         "--steps", "3", "--context", "256", "--eval-batches", "1", "--corpus-bytes",
-         str(2 << 20), "--figure", str(fig)],
-        capture_output=True, text=True, timeout=600)
+    res = _char_lm("--patterns", "full,strided", "--steps", "3", "--context", "256",
+                   "--eval-batches", "1", "--corpus-bytes", str(2 << 20), "--figure", str(fig),
+                   timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     rows = [line.split("|") for line in res.stdout.splitlines() if line.startswith("| ")]
     assert [r[1].strip() for r in rows[1:]] == ["full", "strided"]
@@ -65,8 +69,7 @@ def test_char_lm_trains_two_patterns_and_draws_the_figure(tmp_path):
     ("meta", "--device: 'meta'; cpu or cuda"),
 ])
 def test_char_lm_refuses_a_device_before_training(device, line):
-    res = subprocess.run([sys.executable, str(EXAMPLES / "char_lm.py"), "--device", device],
-                         capture_output=True, text=True, timeout=120)
+    res = _char_lm("--device", device)
     assert res.returncode == 2 and res.stderr.splitlines()[-1] == f"char_lm.py: error: {line}"
     assert "Traceback" not in res.stderr and res.stdout == ""
 
@@ -76,8 +79,7 @@ def test_char_lm_refuses_cuda_where_torch_sees_none():
 
     if torch.cuda.is_available():
         pytest.skip("this torch sees a CUDA device")
-    res = subprocess.run([sys.executable, str(EXAMPLES / "char_lm.py"), "--device", "cuda"],
-                         capture_output=True, text=True, timeout=120)
+    res = _char_lm("--device", "cuda")
     assert res.returncode == 2 and res.stderr.splitlines()[-1] == (
         f"char_lm.py: error: --device: 'cuda', but this torch ({torch.__version__}) sees no CUDA "
         "device; cpu or cuda")

@@ -271,6 +271,8 @@ _WIDE = _AVX512
 def _wide_blocks() -> bool:
     """:data:`_WIDE` as it is now (a test sets it before compiling a pass)."""
     return _WIDE
+
+
 # Cephes' degree-6 polynomial for 2**r on [-1/2, 1/2], highest power first
 _EXP2_POLY = (1.535336188319500e-4, 1.339887440266574e-3, 9.618437357674640e-3,
               5.550332471162809e-2, 2.402264791363012e-1, 6.931472028550421e-1, 1.0)
